@@ -10,7 +10,15 @@ from . import checkpoint_safety
 
 checkpoint_safety.allow_fairseq_checkpoint_globals()
 
-from . import modules, models  # noqa: E402,F401  (registers with fairseq)
+from . import modules, models, criterions, tasks  # noqa: E402,F401  (registers with fairseq)
+from .cli_help import add_options_to_fairseq_help, register_help  # noqa: E402
+from .modules.bird_eye_config import BirdEyeAttentionConfig  # noqa: E402
+
+register_help(
+    "bet-fairseq decoder self-attention (--arch bet_* / transformer_*_diag* of bet_transformer[_lm])",
+    BirdEyeAttentionConfig,
+)
+add_options_to_fairseq_help()
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,7 @@ def fairseq_checkpoint_globals():
         import numpy as np
 
         core = getattr(np, "_core", None) or np.core
-        allowed += [np.dtype, np.ndarray, core.multiarray.scalar, core.multiarray._reconstruct]
+        allowed += [np.dtype, core.multiarray.scalar]  # numpy scalars in the training state
         allowed += [type(np.dtype(t)) for t in ("float64", "float32", "int64", "int32", "bool")]
     except ImportError:  # pragma: no cover - numpy comes with fairseq
         pass

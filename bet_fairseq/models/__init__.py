@@ -1,2 +1,3 @@
-from .bet_transformer import BirdEyeTransformerModel  # noqa: F401
-from .bet_transformer_lm import BirdEyeTransformerLanguageModel  # noqa: F401
+from .._autoimport import import_all
+
+import_all(__name__, __file__)
