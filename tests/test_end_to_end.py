@@ -112,7 +112,7 @@ def test_options_reach_help_and_checkpoint(mt_data):
 def test_bad_options_are_clear_errors(mt_data, tmp_path, flags, message):
     proc = cli(
         "fairseq-train", mt_data, "--user-dir", USER_DIR, "--arch", "bet_vanilla_iwslt", *TINY_TRANSLATION,
-        *COMMON_TRAIN, "--max-update", "1", "--save-dir", tmp_path, *flags, check=False)
+        *COMMON_TRAIN, "--max-tokens", "1000", "--max-update", "1", "--save-dir", tmp_path, *flags, check=False)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-2000:]
 
@@ -121,7 +121,7 @@ def test_checkpoint_from_other_arch_is_a_clear_error(mt_data, tmp_path):
     vanilla = tmp_path / "vanilla"
     train_mt(mt_data, "transformer_iwslt_de_en", vanilla, 1)
     proc = cli("fairseq-train", mt_data, "--user-dir", USER_DIR, "--arch", "bet_sf_iwslt", *TINY_TRANSLATION,
-               *COMMON_TRAIN, "--max-update", "2", "--save-dir", tmp_path / "bet",
+               *COMMON_TRAIN, "--max-tokens", "1000", "--max-update", "2", "--save-dir", tmp_path / "bet",
                "--finetune-from-model", vanilla / "checkpoint_last.pt", check=False)
     assert proc.returncode != 0
     assert "not trained with --self-attn-mode bet_sf" in proc.stderr, proc.stderr[-2000:]
