@@ -59,6 +59,28 @@ def test_translation_train_generate(mt_data, tmp_path, arch):
     assert len(re.findall(r"^H-\d+", out, re.M)) == 40
 
 
+def hypotheses(generate_output):
+    return {int(i): (float(score), hyp) for i, score, hyp in re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", generate_output, re.M)}
+
+
+def test_beam_search_batched_equals_one_at_a_time(mt_data, tmp_path):
+    """Beam search reorders the BET cache (K, V and R) between steps; a batch of 20 sentences with
+    beam 4 must give the hypotheses that each sentence gets alone."""
+    save = tmp_path / "ckpt"
+    train_mt(mt_data, "bet_sf_iwslt", save, 2)
+    runs = {}
+    for bsz in (1, 20):
+        runs[bsz] = hypotheses(cli(
+            "fairseq-generate", mt_data, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
+            "--beam", "4", "--batch-size", bsz, "--max-len-b", "15", "--cpu", "--gen-subset", "test",
+            "--required-batch-size-multiple", "1", "--num-workers", "0").stdout)
+    assert len(runs[1]) == 40 and runs[1].keys() == runs[20].keys()
+    for i in runs[1]:
+        assert runs[1][i][1] == runs[20][i][1], i
+        assert abs(runs[1][i][0] - runs[20][i][0]) < 1e-3
+    assert len({h for _, h in runs[1].values()}) > 1, "degenerate model: every hypothesis is the same"
+
+
 def test_lm_train_eval(lm_data, tmp_path):
     save = tmp_path / "ckpt"
     train_lm(lm_data, "bet_sf_lm", save, 4)
