@@ -1,0 +1,171 @@
+"""BET(SG)'s training loss: label-smoothed cross-entropy plus the syntax pointer loss.
+
+BET_SPEC section 3, equation 5: each decoder block's self-attention ``A`` is asked to point at the
+syntax hint of every position, ``L_p = - sum_t log A[t, hint_t]``; the blocks' losses are summed,
+weighted by ``--pointer-lambda`` and added to the token loss:
+
+    loss = label_smoothed_nll + pointer_lambda * sum_blocks sum_{non-pad t} -log A_block[t, hint_t]
+
+Normalisation: ``L_p`` is summed over the same non-pad target positions as the token loss, so both
+are divided by the same sample size (target tokens) in the gradient, and ``pointer_loss`` is logged
+like ``loss``: per target token, in base 2 (summed over blocks, before ``pointer_lambda``).
+``loss`` in the log includes ``pointer_lambda * L_p``; ``nll_loss`` / ``ppl`` are the token loss only.
+
+``A`` is read from the decoder's ``BirdEyeMultiheadAttention`` modules (``capture_attention``, per
+head, with gradients), switched on for this forward only: decoding pays nothing.
+``--pointer-heads``: ``mean`` (default) puts the loss on the head-averaged distribution (the
+layer's attention matrix as fairseq reports it), ``first`` on head 0 of each layer only (the
+other heads stay free), ``all`` on every head (the per-head losses averaged over heads).
+With ``--pointer-lambda 0`` (or a batch without hints) this is exactly
+``label_smoothed_cross_entropy``.
+"""
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from fairseq import utils
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.logging import metrics
+
+from ..cli_help import register_help
+from ..modules.bird_eye_decoder import bird_eye_self_attentions
+from ..tasks.syntax_hint_data import HINT_PAD
+
+logger = logging.getLogger(__name__)
+
+POINTER_HEADS = ("mean", "first", "all")
+
+
+@dataclass
+class PointerLossOptions(FairseqDataclass):
+    pointer_lambda: float = field(
+        default=0.05,
+        metadata={"help": "lambda_p: weight of the syntax pointer loss (summed over decoder blocks); "
+                          "0 = plain label_smoothed_cross_entropy"},
+    )
+    pointer_heads: ChoiceEnum(list(POINTER_HEADS)) = field(
+        default="mean",
+        metadata={"help": "which attention takes the pointer loss: mean (head-averaged distribution of "
+                          "each layer), first (head 0 of each layer), all (every head, averaged)"},
+    )
+
+
+@dataclass
+class LabelSmoothedCrossEntropyWithPointerConfig(LabelSmoothedCrossEntropyCriterionConfig, PointerLossOptions):
+    pass
+
+
+register_help("bet-fairseq BET(SG) pointer loss (--criterion label_smoothed_cross_entropy_with_pointer)",
+              PointerLossOptions)
+
+
+def pointer_loss(attentions, hints, heads: str = "mean"):
+    """sum over blocks and non-pad positions of -log A[t, hint_t].
+
+    attentions: per block, (B, H, T, S) probabilities; hints: (B, T), ``HINT_PAD`` where padded.
+    """
+    if heads not in POINTER_HEADS:
+        raise ValueError(f"--pointer-heads: unknown choice {heads!r}; choose one of {', '.join(POINTER_HEADS)}")
+    valid = hints.ne(HINT_PAD)
+    index = hints.clamp_min(0)
+    total = None
+    for attn in attentions:
+        if attn.shape[0] != hints.shape[0] or attn.shape[2] != hints.shape[1]:
+            raise ValueError(
+                f"syntax hints of shape {tuple(hints.shape)} do not match the decoder self-attention "
+                f"of shape {tuple(attn.shape)} (batch, heads, target, source)"
+            )
+        if heads == "mean":
+            attn = attn.mean(dim=1, keepdim=True)
+        elif heads == "first":
+            attn = attn[:, :1]
+        picked = attn.gather(-1, index[:, None, :, None].expand(-1, attn.size(1), -1, 1)).squeeze(-1)
+        nll = -picked.float().clamp_min(torch.finfo(torch.float32).tiny).log().mean(dim=1)  # (B, T)
+        layer = nll.masked_fill(~valid, 0.0).sum()
+        total = layer if total is None else total + layer
+    return total
+
+
+@register_criterion("label_smoothed_cross_entropy_with_pointer", dataclass=LabelSmoothedCrossEntropyWithPointerConfig)
+class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
+                 pointer_lambda=0.05, pointer_heads="mean"):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        if not math.isfinite(pointer_lambda) or pointer_lambda < 0:
+            raise ValueError(f"--pointer-lambda must be a finite number >= 0, got {pointer_lambda}")
+        if str(pointer_heads) not in POINTER_HEADS:
+            raise ValueError(f"--pointer-heads: unknown choice {pointer_heads!r}; choose one of {', '.join(POINTER_HEADS)}")
+        self.pointer_lambda = pointer_lambda
+        self.pointer_heads = str(pointer_heads)
+        self._warned = False
+
+    def _attention_modules(self, model):
+        modules = bird_eye_self_attentions(model)
+        if not modules:
+            raise ValueError(
+                "--criterion label_smoothed_cross_entropy_with_pointer needs a bet-fairseq model whose "
+                "decoder self-attention can be captured (--arch bet_sg_iwslt, bet_sg_wmt_en_de, bet_sg_lm ...)"
+            )
+        diag_free = sorted({m.mode for m in modules if m.masks_diagonal})
+        if diag_free:
+            raise ValueError(
+                f"the pointer loss cannot train a self-attention that masks the diagonal (mode {diag_free[0]}): "
+                "hints that point at a position itself would need log 0; use --arch bet_sg_* "
+                "(vanilla self-attention) or --bet-keep-diagonal"
+            )
+        return modules
+
+    def forward(self, model, sample, reduce=True):
+        hints = sample.get("syntax_hints") if (self.pointer_lambda > 0 and reduce) else None
+        if hints is None and self.pointer_lambda > 0 and model.training and not self._warned:
+            self._warned = True
+            logger.warning("training batch without syntax_hints: no pointer loss (train with --task "
+                           "translation_syntax_hints / language_modeling_syntax_hints and bet-syntax-hints files)")
+        modules = self._attention_modules(model) if hints is not None else []
+        for m in modules:
+            m.capture_attention = True
+        try:
+            net_output = model(**sample["net_input"])
+            attentions = [m.captured_attention for m in modules]
+        finally:
+            for m in modules:
+                m.capture_attention = False
+                m.captured_attention = None
+                m.captured_first_pass = None
+
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+        }
+        if hints is not None:
+            p_loss = pointer_loss(attentions, hints, self.pointer_heads)
+            loss = loss + self.pointer_lambda * p_loss
+            logging_output["loss"] = loss.data
+            logging_output["pointer_loss"] = p_loss.data
+            logging_output["pointer_ntokens"] = int(hints.ne(HINT_PAD).sum())
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"] = utils.item(n_correct.data)
+            logging_output["total"] = utils.item(total.data)
+        return loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        ntokens = sum(log.get("pointer_ntokens", 0) for log in logging_outputs)
+        if ntokens > 0:
+            p_sum = utils.item(sum(log.get("pointer_loss", 0) for log in logging_outputs))
+            metrics.log_scalar("pointer_loss", p_sum / ntokens / math.log(2), ntokens, round=3)
