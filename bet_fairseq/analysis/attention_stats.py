@@ -1,0 +1,243 @@
+"""Table 1 statistics of decoder self-attention (BET_SPEC section 4), accumulated in a stream.
+
+Per decoder layer, over every sentence, head and row of the causal self-attention matrix:
+
+``CA``        mean diagonal weight ``A[i, i]``;
+``HA(mean)``  mean of the strictly-lower-triangular weights ``A[i, j]``, ``j < i`` ("historical tokens");
+``HA(std)``   their population standard deviation (ddof = 0);
+``Ratio``     ``CA / HA(mean)``.
+
+Padding is excluded: a row counts only when its query is a real token, an entry only when query and
+key are both real tokens. Rows are numbered from a sequence's first real token, so "row 0" is the
+first real decoder input (the ``</s>`` that starts a target in translation). Row 0 can only attend to
+itself (weight 1 in every mode), so by default it is left out of CA (``include_first_row=False``); it
+has no historical entries, so HA does not depend on the choice.
+
+Only sums, sums of squares and counts (float64) are kept per layer, so memory does not grow with
+the split.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional
+
+import torch
+
+MATRICES = ("final", "first_pass")
+MATRIX_TITLES = {
+    "final": "A' (BET(SF) final attention, the one the layer uses)",
+    "first_pass": "A (BET(SF) first pass)",
+}
+
+
+def matrix_titles(matrices) -> Dict[str, str]:
+    """Headings: BET(SF) layers have A and A'; every other mode has one matrix, A."""
+    if "first_pass" in matrices:
+        return {m: MATRIX_TITLES[m] for m in matrices}
+    return {"final": "A (decoder self-attention)"}
+
+
+@dataclass
+class LayerSums:
+    diag_sum: float = 0.0
+    diag_count: int = 0
+    hist_sum: float = 0.0
+    hist_sumsq: float = 0.0
+    hist_count: int = 0
+
+    def add(self, other: "LayerSums"):
+        self.diag_sum += other.diag_sum
+        self.diag_count += other.diag_count
+        self.hist_sum += other.hist_sum
+        self.hist_sumsq += other.hist_sumsq
+        self.hist_count += other.hist_count
+
+    def summary(self) -> Dict[str, float]:
+        ca = self.diag_sum / self.diag_count if self.diag_count else math.nan
+        if self.hist_count:
+            ha = self.hist_sum / self.hist_count
+            var = max(self.hist_sumsq / self.hist_count - ha * ha, 0.0)
+            ha_std = math.sqrt(var)
+        else:
+            ha = ha_std = math.nan
+        ratio = ca / ha if ha and not math.isnan(ha) else math.nan
+        return {"CA": ca, "HA_mean": ha, "HA_std": ha_std, "Ratio": ratio,
+                "diag_count": self.diag_count, "hist_count": self.hist_count}
+
+
+def batch_sums(probs: torch.Tensor, valid: torch.Tensor, include_first_row: bool = False) -> LayerSums:
+    """Sums of one batch of attention matrices.
+
+    probs: ``(B, H, T, T)`` causal self-attention of a full (teacher-forced) sequence.
+    valid: ``(B, T)`` boolean, True at real (non-padding) tokens.
+    """
+    if probs.dim() != 4 or probs.size(-1) != probs.size(-2):
+        raise ValueError(f"expected (batch, heads, T, T) attention, got shape {tuple(probs.shape)}")
+    bsz, heads, tgt, _ = probs.shape
+    if tuple(valid.shape) != (bsz, tgt):
+        raise ValueError(f"valid mask shape {tuple(valid.shape)} does not match attention {tuple(probs.shape)}")
+    valid = valid.to(device=probs.device, dtype=torch.bool)
+    p = probs.detach().double()
+    # Row numbers from each sequence's first real token (left or right padding alike).
+    row = valid.long().cumsum(dim=1) - 1
+    rows = valid if include_first_row else valid & (row > 0)
+    diag = torch.diagonal(p, dim1=-2, dim2=-1)  # (B, H, T)
+    # torch.where rather than multiplication: rows of padding may hold NaN (no visible key).
+    diag_sum = torch.where(rows.unsqueeze(1), diag, 0.0).sum()
+    lower = torch.ones(tgt, tgt, dtype=torch.bool, device=p.device).tril(-1)
+    hist = valid.unsqueeze(2) & valid.unsqueeze(1) & lower  # (B, T, T)
+    hist_vals = torch.where(hist.unsqueeze(1), p, 0.0)
+    return LayerSums(
+        diag_sum=float(diag_sum),
+        diag_count=int(rows.sum()) * heads,
+        hist_sum=float(hist_vals.sum()),
+        hist_sumsq=float((hist_vals * hist_vals).sum()),
+        hist_count=int(hist.sum()) * heads,
+    )
+
+
+class AttentionStatsAccumulator:
+    """Running Table 1 sums per matrix kind (``final`` / ``first_pass``) and decoder layer."""
+
+    def __init__(self, num_layers: int, include_first_row: bool = False):
+        self.num_layers = num_layers
+        self.include_first_row = include_first_row
+        self.sums: Dict[str, List[Optional[LayerSums]]] = {m: [None] * num_layers for m in MATRICES}
+        self.sentences = 0
+        self.tokens = 0
+
+    def add(self, matrix: str, layer: int, probs: torch.Tensor, valid: torch.Tensor):
+        if matrix not in self.sums:
+            raise ValueError(f"unknown matrix {matrix!r}; one of {MATRICES}")
+        part = batch_sums(probs, valid, self.include_first_row)
+        if self.sums[matrix][layer] is None:
+            self.sums[matrix][layer] = LayerSums()
+        self.sums[matrix][layer].add(part)
+
+    def add_attentions(self, attentions, valid: torch.Tensor):
+        """Add what each capturing ``BirdEyeMultiheadAttention`` stored in its last forward."""
+        for layer, attn in enumerate(attentions):
+            if attn.captured_attention is None:
+                raise RuntimeError(f"decoder layer {layer + 1} captured no attention")
+            self.add("final", layer, attn.captured_attention, valid)
+            if attn.captured_first_pass is not None:
+                self.add("first_pass", layer, attn.captured_first_pass, valid)
+        self.sentences += int(valid.size(0))
+        self.tokens += int(valid.sum())
+
+    def result(self) -> Dict[str, List[Optional[Dict[str, float]]]]:
+        out = {}
+        for matrix, layers in self.sums.items():
+            if any(s is not None for s in layers):
+                out[matrix] = [None if s is None else dict(layer=i + 1, **s.summary()) for i, s in enumerate(layers)]
+        return out
+
+
+def decoder_input_tokens(net_input) -> torch.Tensor:
+    """The tokens fed to the decoder: ``prev_output_tokens`` (translation) or ``src_tokens`` (LM)."""
+    if "prev_output_tokens" in net_input and net_input["prev_output_tokens"] is not None:
+        return net_input["prev_output_tokens"]
+    return net_input["src_tokens"]
+
+
+def right_padded(net_input, pad_idx: int):
+    """``net_input`` with the decoder input moved to right padding where it is left-padded.
+
+    A left-padded decoder input has padding queries with no visible key; the exact attention
+    path turns those rows into NaN, which later layers spread through the padded values. fairseq's
+    positions skip padding, so right-aligning the tokens changes nothing for the real ones.
+    """
+    key = "prev_output_tokens" if net_input.get("prev_output_tokens") is not None else "src_tokens"
+    tokens = net_input[key]
+    valid = tokens.ne(pad_idx)
+    if tokens.size(1) < 2 or bool((valid[:, 1:] <= valid[:, :-1]).all()):
+        return net_input
+    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
+    return dict(net_input, **{key: tokens.gather(1, order)})
+
+
+def run_teacher_forced(model, net_input):
+    """One teacher-forced pass (fairseq transformers skip the output projection with features_only)."""
+    return model(**net_input, features_only=True)
+
+
+@torch.no_grad()
+def collect_attention_stats(model, attentions, batches: Iterable, pad_idx: int, include_first_row: bool = False,
+                            device=None, progress=None) -> AttentionStatsAccumulator:
+    """Teacher-force ``model`` over ``batches`` (fairseq samples) and accumulate Table 1 sums.
+
+    ``attentions``: the decoder self-attention modules (``capture.decoder_self_attentions``); capture
+    is switched on for the duration. ``progress``: an optional callable wrapping the iterable (tqdm).
+    """
+    from .capture import capturing
+
+    was_training = model.training
+    model.eval()
+    acc = AttentionStatsAccumulator(len(attentions), include_first_row)
+    iterable = progress(batches) if progress is not None else batches
+    try:
+        with capturing(attentions):
+            for sample in iterable:
+                if not sample or "net_input" not in sample:
+                    continue
+                net_input = right_padded(move_to(sample["net_input"], device), pad_idx)
+                for a in attentions:  # never count a previous batch's matrix twice
+                    a.captured_attention = a.captured_first_pass = None
+                run_teacher_forced(model, net_input)
+                valid = decoder_input_tokens(net_input).ne(pad_idx)
+                acc.add_attentions(attentions, valid)
+    finally:
+        model.train(was_training)
+    return acc
+
+
+def move_to(obj, device):
+    if device is None:
+        return obj
+    if torch.is_tensor(obj):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: move_to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(move_to(v, device) for v in obj)
+    return obj
+
+
+# ----------------------------------------------------------------------------------------------
+def _fmt(value, digits):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def markdown_table(layers: List[Optional[Dict[str, float]]], title: Optional[str] = None) -> str:
+    """Table 1 layout: rows CA / HA(mean) / HA(std) / Ratio, one column per decoder layer."""
+    n = len(layers)
+    lines = []
+    if title:
+        lines += [f"**{title}**", ""]
+    lines.append("| | " + " | ".join(str(i + 1) for i in range(n)) + " |")
+    lines.append("|---|" + "---|" * n)
+    for label, key, digits in (("CA", "CA", 4), ("HA(mean)", "HA_mean", 4), ("HA(std)", "HA_std", 4),
+                               ("Ratio", "Ratio", 2)):
+        cells = [_fmt(None if s is None else s[key], digits) for s in layers]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_report(result: Dict, label: str = "") -> str:
+    """All matrices of one ``stats`` result (a dict with ``matrices``) as Markdown."""
+    parts = []
+    head = label or result.get("checkpoint", "")
+    if head:
+        parts.append(f"### {head}\n")
+    meta = []
+    for key in ("arch", "self_attn_mode", "split", "sentences", "tokens"):
+        if result.get(key) is not None:
+            meta.append(f"{key} = {result[key]}")
+    meta.append("row 0 " + ("included in" if result.get("include_first_row") else "excluded from") + " CA")
+    parts.append(", ".join(meta) + "\n")
+    titles = result.get("matrix_titles") or matrix_titles(result["matrices"])
+    for matrix, layers in result["matrices"].items():
+        parts.append(markdown_table(layers, titles.get(matrix, matrix)))
+    return "\n".join(parts)

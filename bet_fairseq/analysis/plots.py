@@ -1,0 +1,86 @@
+"""Pictures of decoder self-attention: a heatmap per layer/head, and CA versus HA per layer.
+
+matplotlib is imported here only, with the Agg backend (no display needed).
+"""
+
+import os
+from typing import List, Optional, Sequence, Tuple
+
+
+def _pyplot():
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # before import: it logs at import time
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str):
+    """Write the PNG under a temporary name, then rename (a half-written file never appears)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = path + ".tmp"
+    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    os.replace(tmp, path)
+
+
+def heatmap(matrix, tokens: Sequence[str], path: str, title: str = "", query_tokens: Optional[Sequence[str]] = None):
+    """One ``(T, T)`` attention matrix: rows = queries (decoder inputs), columns = keys."""
+    plt = _pyplot()
+    m = matrix.detach().cpu().float().numpy() if hasattr(matrix, "detach") else matrix
+    n = m.shape[0]
+    size = max(3.0, min(0.32 * n + 1.5, 24.0))
+    fig, ax = plt.subplots(figsize=(size + 1.0, size))
+    try:
+        image = ax.imshow(m, cmap="viridis", vmin=0.0, vmax=max(float(m.max()), 1e-12), aspect="equal")
+        ax.set_xticks(range(n))
+        ax.set_yticks(range(n))
+        ax.set_xticklabels(tokens, rotation=90, fontsize=7)
+        ax.set_yticklabels(query_tokens or tokens, fontsize=7)
+        ax.set_xlabel("key (attended token)")
+        ax.set_ylabel("query (decoder input)")
+        if title:
+            ax.set_title(title, fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        _save(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def ca_ha_bars(series: List[Tuple[str, List[dict]]], path: str, title: str = ""):
+    """Grouped bars per decoder layer: CA and HA(mean) (with HA(std) as an error bar) for each
+    ``(label, layers)`` in ``series`` (``layers``: the per-layer dicts of a ``stats`` result)."""
+    import numpy as np
+
+    plt = _pyplot()
+    num_layers = max(len(layers) for _, layers in series)
+    x = np.arange(1, num_layers + 1)
+    groups = 2 * len(series)
+    width = 0.8 / groups
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * num_layers + 2), 3.6))
+    try:
+        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for s, (label, layers) in enumerate(series):
+            ca = [np.nan if (l is None) else l["CA"] for l in layers] + [np.nan] * (num_layers - len(layers))
+            ha = [np.nan if (l is None) else l["HA_mean"] for l in layers] + [np.nan] * (num_layers - len(layers))
+            sd = [0.0 if (l is None) else l["HA_std"] for l in layers] + [0.0] * (num_layers - len(layers))
+            base = x - 0.4 + width * (2 * s) + width / 2
+            colour = colours[s % len(colours)]
+            ax.bar(base, ca, width, color=colour, label=f"{label}: CA")
+            # Weights are >= 0: the lower bar stops at 0.
+            lower = [min(d, h) if not np.isnan(h) else 0.0 for d, h in zip(sd, ha)]
+            ax.bar(base + width, ha, width, yerr=[lower, sd], capsize=2, color=colour, alpha=0.45, hatch="//",
+                   label=f"{label}: HA(mean) ± std")
+        ax.set_xticks(x)
+        ax.set_xlabel("decoder layer")
+        ax.set_ylabel("attention weight")
+        if title:
+            ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        _save(fig, path)
+    finally:
+        plt.close(fig)
