@@ -1,0 +1,185 @@
+"""Transformer-XL language models (Dai et al. 2019), the "Transformer-XL" row of Table 2.
+
+Segment-level recurrence: each layer attends to ``[memory ; segment]`` with relative positional
+attention (``RelativeMultiheadAttention``), where the memory holds that layer's input hidden states of
+the last ``--mem-len`` positions of the previous segments, detached (no gradient flows into it). The
+memory lives on the decoder between forward calls, so the data must come as contiguous segments:
+``--task bet_truncated_bptt_lm --batch-size B --tokens-per-sample T``. It is cleared at the start of
+a stream (segment 0), when the batch size changes, and when the model switches train <-> eval.
+
+Layers are pre-norm with a final LayerNorm, embeddings scaled by sqrt(dim), dropout ``--dropout`` on
+embeddings and sublayer outputs, ``--attention-dropout`` on attention probabilities, like the other LM
+rows (fairseq's transformer_lm); no absolute positions (the relative terms carry position).
+Architectures at the sizes of the other LM rows (``LM_SIZES``, 6 layers): ``transformer_xl_lm``
+(WikiText-2), ``transformer_xl_lm_wikitext103``, ``transformer_xl_lm_enwik8``.
+This decoder scores text (training, fairseq-eval-lm); incremental generation is not implemented.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+from torch import Tensor, nn
+
+from fairseq import utils
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
+from fairseq.modules import LayerNorm
+from fairseq.modules.fairseq_dropout import FairseqDropout
+
+from ..cli_help import register_help
+from ..modules.relative_attention import RelativeMultiheadAttention
+from ..tasks.truncated_bptt import TruncatedBPTTLanguageModelingTask
+from .bet_transformer_lm import LM_SIZES
+
+
+@dataclass
+class TransformerXLConfig(FairseqDataclass):
+    decoder_embed_dim: int = field(default=300, metadata={"help": "model / embedding dimension (even)"})
+    decoder_ffn_embed_dim: int = field(default=1200, metadata={"help": "FFN hidden dimension"})
+    decoder_layers: int = field(default=6, metadata={"help": "number of layers"})
+    decoder_attention_heads: int = field(default=4, metadata={"help": "attention heads per layer"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout on embeddings and sublayer outputs"})
+    attention_dropout: float = field(default=0.0, metadata={"help": "dropout on attention probabilities"})
+    activation_fn: ChoiceEnum(utils.get_available_activation_fns()) = field(
+        default="relu", metadata={"help": "FFN activation"})
+    share_decoder_input_output_embed: bool = field(default=False, metadata={"help": "tie input and output embeddings"})
+    mem_len: int = field(
+        default=150, metadata={"help": "Transformer-XL: hidden states of this many previous positions kept as memory "
+                                        "per layer (0: no recurrence); eval-lm may override it"})
+
+
+def validate_txl(cfg):
+    dim, heads = cfg.decoder_embed_dim, cfg.decoder_attention_heads
+    if heads < 1 or dim % heads:
+        raise ValueError(f"--decoder-embed-dim {dim} must be divisible by --decoder-attention-heads {heads}")
+    if dim % 2:
+        raise ValueError(f"--decoder-embed-dim must be even for Transformer-XL's sin/cos positions, got {dim}")
+    if cfg.mem_len is None or cfg.mem_len < 0:
+        raise ValueError(f"--mem-len must be an integer >= 0, got {cfg.mem_len}")
+    if cfg.decoder_layers < 1:
+        raise ValueError(f"--decoder-layers must be >= 1, got {cfg.decoder_layers}")
+
+
+class TransformerXLLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        dim = cfg.decoder_embed_dim
+        self.self_attn = RelativeMultiheadAttention(dim, cfg.decoder_attention_heads, cfg.attention_dropout)
+        self.self_attn_layer_norm = LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, cfg.decoder_ffn_embed_dim)
+        self.fc2 = nn.Linear(cfg.decoder_ffn_embed_dim, dim)
+        self.final_layer_norm = LayerNorm(dim)
+        self.activation_fn = utils.get_activation_fn(str(cfg.activation_fn))
+        self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
+
+    def forward(self, x: Tensor, memory: Optional[Tensor]) -> Tensor:
+        """x (B, T, E), memory (B, M, E) of this layer's earlier inputs (already detached)."""
+        normed_memory = None if memory is None else self.self_attn_layer_norm(memory)
+        h, _ = self.self_attn(self.self_attn_layer_norm(x), normed_memory)
+        x = x + self.dropout_module(h)
+        h = self.fc2(self.dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x)))))
+        return x + self.dropout_module(h)
+
+
+class TransformerXLDecoder(FairseqIncrementalDecoder):
+    def __init__(self, cfg, dictionary):
+        super().__init__(dictionary)
+        validate_txl(cfg)
+        dim = cfg.decoder_embed_dim
+        self.mem_len = cfg.mem_len
+        self.embed_tokens = nn.Embedding(len(dictionary), dim, padding_idx=dictionary.pad())
+        nn.init.normal_(self.embed_tokens.weight, mean=0, std=dim ** -0.5)
+        nn.init.constant_(self.embed_tokens.weight[dictionary.pad()], 0)
+        self.embed_scale = math.sqrt(dim)
+        self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
+        self.layers = nn.ModuleList(TransformerXLLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.layer_norm = LayerNorm(dim)
+        if cfg.share_decoder_input_output_embed:
+            self.output_projection = None
+        else:
+            self.output_projection = nn.Linear(dim, len(dictionary), bias=False)
+            nn.init.normal_(self.output_projection.weight, mean=0, std=dim ** -0.5)
+        self.memory: Optional[List[Tensor]] = None
+
+    def reset_memory(self):
+        self.memory = None
+
+    def train(self, mode: bool = True):
+        if mode != self.training:  # train <-> valid: a different stream begins
+            self.reset_memory()
+        return super().train(mode)
+
+    def forward(self, prev_output_tokens, src_lengths=None, incremental_state=None, features_only=False,
+                segment_index=None, memory: Optional[List[Tensor]] = None, **unused):
+        """``memory``: explicit per-layer memory (B, M, E) to use instead of (and without updating) the
+        memory kept from the previous call."""
+        if incremental_state is not None:
+            raise NotImplementedError("transformer_xl_lm scores text (fairseq-eval-lm); incremental generation "
+                                      "is not implemented")
+        x, extra = self.extract_features(prev_output_tokens, segment_index=segment_index, memory=memory)
+        return (x if features_only else self.output_layer(x)), extra
+
+    def extract_features(self, prev_output_tokens, segment_index=None, memory=None, **unused):
+        explicit = memory is not None
+        if not explicit:
+            first = segment_index is not None and int(segment_index) == 0
+            memory = self.memory
+            if first or self.mem_len == 0 or (memory is not None and memory[0].size(0) != prev_output_tokens.size(0)):
+                memory = None
+        x = self.dropout_module(self.embed_scale * self.embed_tokens(prev_output_tokens))
+        inputs = []
+        for i, layer in enumerate(self.layers):
+            inputs.append(x)
+            x = layer(x, None if memory is None else memory[i])
+        if not explicit and self.mem_len > 0:
+            with torch.no_grad():
+                self.memory = [
+                    (h if memory is None else torch.cat([memory[i], h], dim=1))[:, -self.mem_len :].detach()
+                    for i, h in enumerate(inputs)
+                ]
+        return self.layer_norm(x), {"attn": [None], "inner_states": inputs + [x], "layer_inputs": inputs}
+
+    def output_layer(self, features):
+        if self.output_projection is None:
+            return nn.functional.linear(features, self.embed_tokens.weight)
+        return self.output_projection(features)
+
+    def max_positions(self):
+        return int(1e9)  # relative positions: no length limit
+
+    def reorder_incremental_state(self, incremental_state, new_order):
+        pass
+
+
+@register_model("bet_transformer_xl_lm", dataclass=TransformerXLConfig)
+class TransformerXLLanguageModel(FairseqLanguageModel):
+    @classmethod
+    def build_model(cls, args, task):
+        validate_txl(args)
+        if args.mem_len > 0 and not isinstance(task, TruncatedBPTTLanguageModelingTask):
+            raise ValueError(
+                f"transformer_xl_lm with --mem-len {args.mem_len} needs --task bet_truncated_bptt_lm (contiguous "
+                f"segments; the memory would otherwise mix unrelated batches), got --task {getattr(args, '_name', None) or type(task).__name__}")
+        return cls(TransformerXLDecoder(args, task.target_dictionary))
+
+
+def _register(arch_name, size):
+    def architecture(args):
+        for name, value in LM_SIZES[size].items():
+            if getattr(args, name, None) is None:
+                setattr(args, name, value)
+        for name, value in dict(decoder_layers=6, dropout=0.1, attention_dropout=0.0, activation_fn="relu",
+                                share_decoder_input_output_embed=False, mem_len=150).items():
+            if getattr(args, name, None) is None:
+                setattr(args, name, value)
+
+    architecture.__name__ = arch_name
+    register_model_architecture("bet_transformer_xl_lm", arch_name)(architecture)
+
+
+for _size in LM_SIZES:
+    _register("transformer_xl_lm" + ("" if _size == "wikitext2" else f"_{_size}"), _size)
+
+register_help("bet-fairseq Transformer-XL (--arch transformer_xl_lm[_wikitext103|_enwik8])", TransformerXLConfig)
