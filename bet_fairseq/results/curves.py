@@ -1,0 +1,74 @@
+"""Training / validation loss curves from fairseq-train logs (the paper's Figures 4 and 5).
+
+Reads both ``--log-format json`` lines (``| train_inner | {"loss": ..., "num_updates": ...}``,
+``| valid | {"valid_loss": ..., "valid_num_updates": ...}``) and ``--log-format simple`` lines
+(``| train_inner | epoch 001: 10 / 57 loss=9.5, ..., num_updates=10`` and
+``| valid | epoch 001 | valid on 'valid' subset | loss 9.2 | ... | num_updates 57``).
+"""
+
+import json
+import os
+import re
+
+_JSON = re.compile(r"\|\s*(train_inner|valid)\s*\|\s*(\{.*\})\s*$")
+_SIMPLE_TRAIN = re.compile(r"\|\s*train_inner\s*\|.*?\bloss=([\d.]+).*?\bnum_updates=(\d+)")
+_SIMPLE_VALID = re.compile(r"\|\s*valid\s*\|.*?\|\s*loss ([\d.]+)\s*\|.*?\|\s*num_updates (\d+)")
+
+
+def parse_log(path):
+    """{"train": [(update, loss)], "valid": [(update, loss)]} of one fairseq-train log (loss in base 2)."""
+    curves = {"train": [], "valid": []}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = _JSON.search(line)
+            if m:
+                try:
+                    stats = json.loads(m.group(2))
+                except json.JSONDecodeError:
+                    continue
+                if m.group(1) == "train_inner" and "loss" in stats and "num_updates" in stats:
+                    curves["train"].append((int(stats["num_updates"]), float(stats["loss"])))
+                elif m.group(1) == "valid" and "valid_loss" in stats and "valid_num_updates" in stats:
+                    curves["valid"].append((int(stats["valid_num_updates"]), float(stats["valid_loss"])))
+                continue
+            m = _SIMPLE_TRAIN.search(line)
+            if m:
+                curves["train"].append((int(m.group(2)), float(m.group(1))))
+                continue
+            m = _SIMPLE_VALID.search(line)
+            if m:
+                curves["valid"].append((int(m.group(2)), float(m.group(1))))
+    return curves
+
+
+def plot_curves(runs, out_path, title):
+    """runs: [(label, curves)]; one PNG with the training and the validation loss against updates."""
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, split in zip(axes, ("train", "valid")):
+        colours = plt.get_cmap("tab20").colors
+        for k, (label, curves) in enumerate(runs):
+            points = curves[split]
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="." if len(points) < 30 else None, label=label, color=colours[(2 * k) % 20
+                        if k < 10 else (2 * k + 1) % 20], linestyle="-" if k < 10 else "--")
+        ax.set_xlabel("updates")
+        ax.set_ylabel(f"{'training' if split == 'train' else 'validation'} loss (base 2)")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    tmp = out_path + ".tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, out_path)
+    return out_path

@@ -1,0 +1,489 @@
+"""Shared steps of the ``bet-prepare-*`` commands: checked reading, atomic writing, resumable steps,
+Moses tokenisation (sacremoses), joint BPE (subword-nmt) and fairseq binarisation.
+
+Every step writes its outputs under temporary names and renames them when complete, then leaves a
+``.done`` marker that records its inputs (path, size, mtime) and settings: a re-run skips a step whose
+marker still matches and redoes it otherwise, so a half-written output never looks finished.
+"""
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+import unicodedata
+import urllib.request
+import zipfile
+from contextlib import contextmanager
+from multiprocessing import Pool
+
+from tqdm import tqdm
+
+
+class PrepareError(SystemExit):
+    """A clear, user-facing failure (bad, truncated or missing input); exits with status 1."""
+
+    def __init__(self, message):
+        super().__init__(f"error: {message}")
+        self.message = message
+
+
+def log(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+def progress(iterable, desc, total=None, quiet=False):
+    return tqdm(iterable, desc=desc, total=total, unit=" lines", disable=quiet, mininterval=1.0,
+                file=sys.stderr, leave=False)
+
+
+# ----------------------------------------------------------------------------- atomic output
+
+@contextmanager
+def atomic_output(path, mode="w"):
+    """Open ``path`` for writing under a temporary name; rename only when the block succeeds."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    kwargs = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
+    try:
+        with open(tmp, mode, **kwargs) as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _signature(paths):
+    sig = []
+    for p in paths:
+        st = os.stat(p)
+        sig.append([os.path.abspath(p), st.st_size, int(st.st_mtime)])
+    return sig
+
+
+class Steps:
+    """Resumable steps under ``root``: ``run(name, inputs, outputs, fn, settings)``."""
+
+    def __init__(self, root, force=False):
+        self.root = root
+        self.force = force
+        self.marker_dir = os.path.join(root, ".done")
+        os.makedirs(self.marker_dir, exist_ok=True)
+
+    def _marker(self, name):
+        return os.path.join(self.marker_dir, f"{name}.done")
+
+    def _record(self, inputs, outputs, settings):
+        return {"inputs": _signature(inputs), "outputs": [os.path.abspath(p) for p in outputs],
+                "settings": settings}
+
+    def is_done(self, name, inputs, outputs, settings=None):
+        marker = self._marker(name)
+        if self.force or not os.path.exists(marker):
+            return False
+        if not all(os.path.exists(p) for p in outputs):
+            return False
+        with open(marker, encoding="utf-8") as f:
+            try:
+                old = json.load(f)
+            except json.JSONDecodeError:
+                return False
+        return old == json.loads(json.dumps(self._record(inputs, outputs, settings or {})))
+
+    def run(self, name, inputs, outputs, fn, settings=None):
+        """Run ``fn()`` unless an identical earlier run finished; ``fn`` must write ``outputs``."""
+        if self.is_done(name, inputs, outputs, settings):
+            log(f"[{name}] skipping: already done ({', '.join(os.path.basename(p) for p in outputs[:4])}"
+                f"{' ...' if len(outputs) > 4 else ''})")
+            return False
+        marker = self._marker(name)
+        if os.path.exists(marker):
+            os.remove(marker)
+        log(f"[{name}] running")
+        fn()
+        missing = [p for p in outputs if not os.path.exists(p)]
+        if missing:
+            raise RuntimeError(f"step {name} did not write {missing}")
+        with atomic_output(marker) as f:
+            json.dump(self._record(inputs, outputs, settings or {}), f, indent=1)
+        return True
+
+
+# ----------------------------------------------------------------------------- checked reading
+
+def open_text(path):
+    """Text stream of a plain or .gz file (bytes are decoded per line by ``read_lines``)."""
+    if not os.path.exists(path):
+        raise PrepareError(f"input file not found: {path}")
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def read_lines(path, require_final_newline=True, quiet=False, desc=None):
+    """Yield the lines of ``path`` (without newline), failing clearly on undecodable bytes, a
+    truncated .gz, or a missing final newline (the usual sign of a truncated download)."""
+    n = 0
+    last = b"\n"
+    with open_text(path) as f:
+        it = iter(f)
+        bar = progress(range(0), desc or os.path.basename(path), quiet=quiet)
+        while True:
+            try:
+                raw = next(it)
+            except StopIteration:
+                break
+            except (EOFError, OSError, zlib_error()) as exc:
+                raise PrepareError(f"{path}: corrupt or truncated compressed file after line {n} ({exc})")
+            n += 1
+            last = raw
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PrepareError(f"{path}, line {n}: not valid UTF-8 ({exc.reason} at byte {exc.start}): "
+                                   "corrupt download?")
+            bar.update(1)
+            yield line.rstrip("\n").rstrip("\r") if line.endswith("\n") else line
+        bar.close()
+    if n and require_final_newline and not last.endswith(b"\n"):
+        raise PrepareError(f"{path}, line {n}: the file ends in the middle of a line (no final newline): "
+                           "truncated download or copy?")
+
+
+def zlib_error():
+    import zlib
+
+    return zlib.error
+
+
+def count_lines(path):
+    n = 0
+    with open_text(path) as f:
+        for _ in f:
+            n += 1
+    return n
+
+
+def write_lines(path, lines):
+    n = 0
+    with atomic_output(path) as f:
+        for line in lines:
+            f.write(line + "\n")
+            n += 1
+    return n
+
+
+def check_parallel(path_a, path_b):
+    """Line counts of a parallel pair must agree; return the count."""
+    na, nb = count_lines(path_a), count_lines(path_b)
+    if na != nb:
+        raise PrepareError(f"parallel files differ in length: {path_a} has {na:,} lines, {path_b} has {nb:,}: "
+                           "truncated or misaligned input")
+    return na
+
+
+def check_line_count(path, expected, what):
+    n = count_lines(path)
+    if n != expected:
+        raise PrepareError(f"{path} has {n:,} lines, {what} has {expected:,}: truncated or wrong file? "
+                           "(pass --no-size-check for a custom slice)")
+    return n
+
+
+# ----------------------------------------------------------------------------- archives, downloads
+
+def download(url, dest, expected_md5=None):
+    """Fetch ``url`` to ``dest`` (atomic); a clear error when there is no network."""
+    if os.path.exists(dest):
+        log(f"{dest} already exists, skipping download")
+        return dest
+    log(f"downloading {url} -> {dest}")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as resp, atomic_output(dest, "wb") as out:
+            total = int(resp.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, leave=False) as bar:
+                while True:
+                    chunk = resp.read(1 << 20)
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    bar.update(len(chunk))
+            if total is not None and out.tell() != total:
+                raise PrepareError(f"download of {url} stopped at {out.tell():,} of {total:,} bytes")
+    except PrepareError:
+        raise
+    except OSError as exc:
+        raise PrepareError(
+            f"could not download {url} ({exc}). Without a network, download the release elsewhere and pass "
+            "its folder with --raw-dir.")
+    if expected_md5 is not None and md5(dest) != expected_md5:
+        os.remove(dest)
+        raise PrepareError(f"{dest}: checksum mismatch (corrupt download), removed it; run again")
+    return dest
+
+
+def md5(path):
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def extract(archive, dest_dir):
+    """Extract a .tgz/.tar/.zip into ``dest_dir`` (once: marker file), failing clearly when corrupt."""
+    marker = os.path.join(dest_dir, f".extracted-{os.path.basename(archive)}")
+    if os.path.exists(marker):
+        return dest_dir
+    log(f"extracting {archive}")
+    os.makedirs(dest_dir, exist_ok=True)
+    try:
+        if archive.endswith(".zip"):
+            with zipfile.ZipFile(archive) as z:
+                bad = z.testzip()
+                if bad is not None:
+                    raise PrepareError(f"{archive}: corrupt member {bad}")
+                z.extractall(dest_dir)
+        else:
+            with tarfile.open(archive) as t:
+                t.extractall(dest_dir, filter="data")
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as exc:
+        raise PrepareError(f"{archive}: corrupt or truncated archive ({exc}); delete it and download again")
+    with open(marker, "w") as f:
+        f.write("ok\n")
+    return dest_dir
+
+
+def find_file(roots, name):
+    """First ``root/**/name`` (roots searched in order, breadth-first); None when absent. Folders that
+    hold this project's own outputs (a ``.done`` marker folder) are not searched, except ``orig/``."""
+    for root in roots:
+        if not root or not os.path.isdir(root):
+            continue
+        walk = [w for w in os.walk(root) if not _inside_output(w[0], root)]
+        for dirpath, dirnames, filenames in sorted(walk, key=lambda x: x[0].count(os.sep)):
+            if name in filenames:
+                return os.path.join(dirpath, name)
+    return None
+
+
+def _inside_output(path, root):
+    """True for a folder that is (or is under) an output folder of ours (one with a .done marker
+    folder), except that output folder's orig/ (downloads)."""
+    rel = os.path.relpath(path, root)
+    parts = [] if rel == "." else rel.split(os.sep)
+    cur = root
+    for k in range(len(parts) + 1):
+        if os.path.isdir(os.path.join(cur, ".done")):
+            return not (k < len(parts) and parts[k] == "orig")
+        if k < len(parts):
+            cur = os.path.join(cur, parts[k])
+    return False
+
+
+# ----------------------------------------------------------------------------- text processing
+
+_TOKENIZER = {}
+
+
+def _moses_init(lang, aggressive, escape, lowercase, normalise):
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    _TOKENIZER["tok"] = MosesTokenizer(lang)
+    _TOKENIZER["norm"] = MosesPunctNormalizer(lang) if normalise else None
+    _TOKENIZER["opts"] = (aggressive, escape, lowercase)
+
+
+def remove_non_printing(line):
+    """Moses remove-non-printing-char.perl: every Unicode 'Other' (C*) character becomes a space."""
+    return "".join(" " if unicodedata.category(c).startswith("C") else c for c in line)
+
+
+def _moses_line(line):
+    aggressive, escape, lowercase = _TOKENIZER["opts"]
+    if _TOKENIZER["norm"] is not None:
+        line = remove_non_printing(_TOKENIZER["norm"].normalize(line))
+    out = _TOKENIZER["tok"].tokenize(line, aggressive_dash_splits=aggressive, escape=escape, return_str=True)
+    return out.lower() if lowercase else out
+
+
+def moses_tokenize(lines, lang, out_path, aggressive=False, escape=True, lowercase=False, normalise=False,
+                   workers=1, desc=None):
+    """Moses-tokenise ``lines`` (an iterable of str) into ``out_path`` (tokenizer.perl -l LANG [-a])."""
+    init = (lang, aggressive, escape, lowercase, normalise)
+    desc = desc or f"tokenise {os.path.basename(out_path)}"
+    with atomic_output(out_path) as f:
+        if workers > 1:
+            with Pool(workers, initializer=_moses_init, initargs=init) as pool:
+                for tok in progress(pool.imap(_moses_line, lines, chunksize=256), desc):
+                    f.write(tok + "\n")
+        else:
+            _moses_init(*init)
+            for line in progress(lines, desc):
+                f.write(_moses_line(line) + "\n")
+
+
+def moses_clean(src_in, tgt_in, src_out, tgt_out, min_len=1, max_len=175, ratio=1.5, max_word_length=1000):
+    """Moses clean-corpus-n.perl: drop pairs with an empty side, a side shorter than ``min_len`` or
+    longer than ``max_len`` words, a length ratio above ``ratio``, or a word over ``max_word_length``
+    characters; whitespace is squeezed. Returns (pairs read, pairs kept)."""
+    n_in = n_out = 0
+    factored = None
+    with atomic_output(src_out) as fo, atomic_output(tgt_out) as eo:
+        tgt_it = read_lines(tgt_in, quiet=True)
+        for f in progress(read_lines(src_in, quiet=True), f"clean {os.path.basename(src_in)}"):
+            n_in += 1
+            e = next(tgt_it, None)
+            if e is None:
+                raise PrepareError(f"{tgt_in} is shorter than {src_in} (ends before line {n_in})")
+            if factored is None:
+                factored = "|" in e or "|" in f
+            if not factored:
+                e, f = e.replace("|", ""), f.replace("|", "")
+            e, f = e.split(), f.split()
+            if not e or not f:
+                continue
+            ec, fc = len(e), len(f)
+            if ec > max_len or fc > max_len or ec < min_len or fc < min_len:
+                continue
+            if ec / fc > ratio or fc / ec > ratio:
+                continue
+            if any(len(w) > max_word_length for w in e) or any(len(w) > max_word_length for w in f):
+                continue
+            fo.write(" ".join(f) + "\n")
+            eo.write(" ".join(e) + "\n")
+            n_out += 1
+        if next(tgt_it, None) is not None:
+            raise PrepareError(f"{tgt_in} is longer than {src_in} ({n_in:,} lines)")
+    return n_in, n_out
+
+
+def learn_joint_bpe(paths, codes_path, merges, workers=1):
+    """subword-nmt learn_bpe on the concatenation of ``paths`` (the recipe's ``cat train.de train.en``)."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    buf = io.StringIO()
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            shutil.copyfileobj(f, buf)
+    buf.seek(0)
+    log(f"learning {merges} BPE merges on {', '.join(os.path.basename(p) for p in paths)}")
+    with atomic_output(codes_path) as out:
+        learn_bpe(buf, out, merges, num_workers=1)
+
+
+_BPE = {}
+
+
+def _bpe_init(codes_path):
+    from subword_nmt.apply_bpe import BPE
+
+    with open(codes_path, encoding="utf-8") as codes:
+        _BPE["bpe"] = BPE(codes)
+
+
+def _bpe_line(line):
+    return _BPE["bpe"].process_line(line)
+
+
+def apply_bpe(codes_path, in_path, out_path, workers=1):
+    """subword-nmt apply_bpe -c CODES < in > out ("@@ " continuation markers)."""
+    lines = read_lines(in_path, quiet=True)
+    desc = f"apply BPE {os.path.basename(out_path)}"
+    with atomic_output(out_path) as f:
+        if workers > 1:
+            with Pool(workers, initializer=_bpe_init, initargs=(codes_path,)) as pool:
+                for out in progress(pool.imap(_bpe_line, (l + "\n" for l in lines), chunksize=256), desc):
+                    f.write(out)
+        else:
+            _bpe_init(codes_path)
+            for line in progress(lines, desc):
+                f.write(_bpe_line(line + "\n"))
+
+
+# ----------------------------------------------------------------------------- fairseq binarisation
+
+def binarise(dest, splits, workers=1, source_lang=None, target_lang=None, joined=False, only_source=False,
+             extra=()):
+    """fairseq-preprocess into ``dest`` via a temporary folder renamed when complete.
+
+    ``splits``: {"train": prefix_or_file, "valid": ..., "test": ...}. Afterwards the number of
+    sentences of every split is checked against the text's line count."""
+    from fairseq import options
+    from fairseq_cli import preprocess as fairseq_preprocess
+
+    tmp = f"{dest}.tmp-{os.getpid()}"
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
+    args = ["--destdir", tmp, "--workers", str(workers)]
+    for split in ("train", "valid", "test"):
+        if splits.get(split):
+            args += [f"--{split}pref", splits[split]]
+    if only_source:
+        args.append("--only-source")
+    else:
+        args += ["--source-lang", source_lang, "--target-lang", target_lang]
+    if joined:
+        args.append("--joined-dictionary")
+    args += list(extra)
+    log("fairseq-preprocess " + " ".join(args))
+    try:
+        fairseq_preprocess.main(options.get_preprocessing_parser().parse_args(args))
+        check_binarised(tmp, splits, source_lang, target_lang, only_source)
+        if os.path.exists(dest):
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp)
+    return dest
+
+
+def binarised_lengths(dest, split, lang=None, src=None, tgt=None):
+    """Per-sentence token counts (incl. </s>) of a binarised split, read through fairseq."""
+    from fairseq.data import data_utils
+
+    name = f"{split}.{src}-{tgt}.{lang}" if lang else split
+    ds = data_utils.load_indexed_dataset(os.path.join(dest, name), None)
+    if ds is None:
+        raise PrepareError(f"binarised split {name} missing under {dest}")
+    import numpy as np
+
+    return np.array(ds.sizes, copy=True)  # a copy: ds.sizes is a view of the mmap closed with ds
+
+
+def check_binarised(dest, splits, src=None, tgt=None, only_source=False):
+    for split, prefix in splits.items():
+        if not prefix:
+            continue
+        langs = [None] if only_source else [src, tgt]
+        for lang in langs:
+            text = prefix if lang is None else f"{prefix}.{lang}"
+            n_text = count_lines(text)
+            n_bin = len(binarised_lengths(dest, split, lang, src, tgt))
+            if n_text != n_bin:
+                raise PrepareError(f"binarised {split} ({lang or 'text'}) has {n_bin:,} sentences, {text} has "
+                                   f"{n_text:,} lines")
+
+
+def dictionary_size(path):
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for _ in f)
+
+
+def write_summary(path, summary):
+    with atomic_output(path) as f:
+        json.dump(summary, f, indent=1)
+    log(json.dumps(summary, indent=1))
+
+
+def add_common_args(parser, default_workers=1):
+    parser.add_argument("--raw-dir", help="folder with the already downloaded (and optionally extracted) release; "
+                        "without it the public release is downloaded into OUT_DIR/orig (needs a network)")
+    parser.add_argument("--out-dir", required=True, help="output folder (text steps, codes, bin/)")
+    parser.add_argument("--bin-dir", help="binarised output (default OUT_DIR/bin)")
+    parser.add_argument("--workers", type=int, default=default_workers, help="processes for tokenising/BPE/binarising")
+    parser.add_argument("--force", action="store_true", help="redo every step even when finished")
+    return parser

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Table 2 row "Transformer-XL" on enwik8 (enwik8), --arch transformer_xl_lm_enwik8.
+# Data: bet-prepare-enwik8 --raw-dir RAW --out-dir DATA/enwik8 (binarised: DATA/enwik8/bin)
+# Usage: run/enwik8/transformer_xl.sh DATA_BIN SAVE_DIR [--quick] [bet-run-row options] [-- extra fairseq-train args]
+# (written by run/make_scripts.py from bet_fairseq/results/rows.py; edit the row table, not this file)
+set -euo pipefail
+if [ $# -lt 2 ]; then
+    echo "usage: $0 DATA_BIN SAVE_DIR [--quick] [bet-run-row options] [-- fairseq-train args]" >&2
+    exit 2
+fi
+data="$1"; save="$2"; shift 2
+exec "${PYTHON:-python}" "$(dirname "$0")/../table2.py" --row transformer_xl --dataset enwik8 --data "$data" --save-dir "$save" "$@"

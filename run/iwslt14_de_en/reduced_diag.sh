@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Table 2 row "Transformer (Reduced Diag)" on De-En (iwslt14_de_en), --arch transformer_iwslt_de_en_reduced_diag.
+# Data: bet-prepare-iwslt14 --raw-dir RAW --out-dir DATA/iwslt14 (binarised: DATA/iwslt14/bin)
+# Usage: run/iwslt14_de_en/reduced_diag.sh DATA_BIN SAVE_DIR [--quick] [bet-run-row options] [-- extra fairseq-train args]
+# (written by run/make_scripts.py from bet_fairseq/results/rows.py; edit the row table, not this file)
+set -euo pipefail
+if [ $# -lt 2 ]; then
+    echo "usage: $0 DATA_BIN SAVE_DIR [--quick] [bet-run-row options] [-- fairseq-train args]" >&2
+    exit 2
+fi
+data="$1"; save="$2"; shift 2
+exec "${PYTHON:-python}" "$(dirname "$0")/../table2.py" --row reduced_diag --dataset iwslt14_de_en --data "$data" --save-dir "$save" "$@"
