@@ -25,6 +25,14 @@ setup(
     entry_points={
         "console_scripts": [
             "bet-fairseq-user-dir=bet_fairseq:print_user_dir",
+            "bet-prepare-iwslt14=preprocess.prepare_iwslt14:cli_main",
+            "bet-prepare-wmt17=preprocess.prepare_wmt17:cli_main",
+            "bet-prepare-wikitext=preprocess.prepare_wikitext:cli_main",
+            "bet-prepare-enwik8=preprocess.prepare_enwik8:cli_main",
+            "bet-run-row=bet_fairseq.results.runner:main",
+            "bet-results=bet_fairseq.results.table:main",
+            "bet-syntax-hints=preprocess.syntax_hints:main",
+            "bet-analyze=bet_fairseq.analysis.cli:main",
         ],
     },
 )

@@ -9,6 +9,8 @@ import os
 from . import checkpoint_safety
 
 checkpoint_safety.allow_fairseq_checkpoint_globals()
+from . import distributed_compat; distributed_compat.install()  # noqa: E402,E702  (torchrun on CPU)
+from . import fairseq_compat; fairseq_compat.install()  # noqa: E402,E702  (last batch, numpy 2)
 
 from . import modules, models, criterions, tasks  # noqa: E402,F401  (registers with fairseq)
 from .cli_help import add_options_to_fairseq_help, register_help  # noqa: E402

@@ -4,8 +4,8 @@
 #
 #   run/train_bet_sf_iwslt.sh DATA_BIN [SAVE_DIR] [extra fairseq-train options...]
 #
-# DATA_BIN: the binarised IWSLT14 De-En folder (joined dictionary), e.g. the output of
-#   bet-prepare-iwslt14 --raw-dir RAW --out-dir data-bin/iwslt14.tokenized.de-en
+# DATA_BIN: the binarised IWSLT14 De-En folder (joined dictionary), e.g. OUT/bin after
+#   bet-prepare-iwslt14 --raw-dir RAW --out-dir OUT
 # Environment: MAX_EPOCH (default 50), ARCH (default bet_sf_iwslt; any --arch of the plugin or fairseq),
 #   BEAM (default 5), GENERATE_ARGS (extra fairseq-generate options). Uses the GPU when fairseq finds
 #   one; add --cpu (and GENERATE_ARGS=--cpu) to force the CPU.
@@ -23,7 +23,7 @@ save="${1:-checkpoints/${ARCH:-bet_sf_iwslt}}"; [ $# -gt 0 ] && shift
 for f in dict.de.txt dict.en.txt train.de-en.de.idx train.de-en.en.idx valid.de-en.en.idx test.de-en.en.idx; do
     if [ ! -f "$data/$f" ]; then
         echo "error: $data/$f not found: DATA_BIN must be a binarised IWSLT14 De-En folder." >&2
-        echo "  Prepare it with: bet-prepare-iwslt14 --raw-dir RAW_DIR --out-dir $data" >&2
+        echo "  Prepare it with: bet-prepare-iwslt14 --raw-dir RAW_DIR --out-dir OUT (then DATA_BIN is OUT/bin)" >&2
         echo "  (RAW_DIR: the IWSLT14 de-en release; without --raw-dir it is downloaded when online)" >&2
         exit 1
     fi

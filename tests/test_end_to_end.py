@@ -1,6 +1,5 @@
 """fairseq-preprocess -> fairseq-train -> fairseq-generate / fairseq-eval-lm through the real CLIs."""
 
-import os
 import re
 
 import pytest
@@ -23,7 +22,9 @@ def extra_flags(arch):
 
 @pytest.fixture(scope="module")
 def mt_data(tmp_path_factory):
-    return binarise_multi30k(str(tmp_path_factory.mktemp("mt")))
+    # 37 test sentences: not a multiple of fairseq's --required-batch-size-multiple (8), whose last
+    # batch fairseq-fixed drops unless bet_fairseq.fairseq_compat keeps it.
+    return binarise_multi30k(str(tmp_path_factory.mktemp("mt")), n_test=37)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_translation_train_generate(mt_data, tmp_path, arch):
     out = cli("fairseq-generate", mt_data, "--user-dir", USER_DIR, "--path", ckpt, "--beam", "3",
               "--batch-size", "16", "--max-len-b", "20", "--cpu", "--gen-subset", "test").stdout
     assert "BLEU4" in out
-    assert len(re.findall(r"^H-\d+", out, re.M)) == 40
+    assert len(re.findall(r"^H-\d+", out, re.M)) == 37, "every test sentence is translated"
 
 
 def hypotheses(generate_output):
@@ -73,8 +74,8 @@ def test_beam_search_batched_equals_one_at_a_time(mt_data, tmp_path):
         runs[bsz] = hypotheses(cli(
             "fairseq-generate", mt_data, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
             "--beam", "4", "--batch-size", bsz, "--max-len-b", "15", "--cpu", "--gen-subset", "test",
-            "--required-batch-size-multiple", "1", "--num-workers", "0").stdout)
-    assert len(runs[1]) == 40 and runs[1].keys() == runs[20].keys()
+            "--num-workers", "0").stdout)
+    assert len(runs[1]) == 37 and runs[1].keys() == runs[20].keys()
     for i in runs[1]:
         assert runs[1][i][1] == runs[20][i][1], i
         assert abs(runs[1][i][0] - runs[20][i][0]) < 1e-3

@@ -4,7 +4,6 @@ centroid EMA, memory recurrence and stop-gradient, the contiguous-segment task, 
 import math
 import re
 import sys
-from argparse import Namespace
 
 import numpy as np
 import pytest

@@ -198,7 +198,7 @@ def test_clear_errors(tmp_path, iwslt_bin, monkeypatch, capsys):
     args = ["--dataset", "iwslt14_de_en", "--data", iwslt_bin, "--save-dir", str(tmp_path / "s")]
     with pytest.raises(SystemExit):
         runner.main(["--row", "fake", *args])
-    assert "not available: architecture 'no_such_arch_iwslt' is planned, not built yet" in capsys.readouterr().err
+    assert "not available: architecture 'no_such_arch_iwslt' is not registered" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         runner.main(["--row", "transformer_xl", *args])
     assert "has no iwslt14_de_en entry" in capsys.readouterr().err

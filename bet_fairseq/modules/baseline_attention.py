@@ -31,7 +31,6 @@ import math
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fairseq.modules.multihead_attention import MultiheadAttention

@@ -23,6 +23,12 @@ attention matrix (needed for attention weights, capture for losses and analysis,
 decoding), and a fused one on ``torch.nn.functional.scaled_dot_product_attention`` used in
 training/scoring when no weights are asked for. The R re-weighting is folded into the keys there:
 ``(Q K^T) * R = Q (R ⊙ K)^T`` column-wise. Tests hold the fused path to the exact one.
+
+Speed (docs/performance.md): H enters R only through ``H w_h = A (V w_h)``, so neither path forms H;
+the first pass attends over one value column per head, and decoding caches ``V w_h`` per key
+(``prev_bet_vw``) so a step reads V once, as vanilla does. On CPU, bet_sf with at most
+``cpu_exact_max_keys`` keys takes the exact path even when ``use_fused_attention`` is set: one
+``Q K^T`` shared by both passes is faster there than two SDPA calls.
 """
 
 import math
@@ -107,6 +113,14 @@ class BirdEyeMultiheadAttention(MultiheadAttention):
         self.captured_first_pass: Optional[Tensor] = None
         self.use_fused_attention = True
 
+    # bet_sf on CPU: up to this many keys the exact path, which computes Q K^T once for both
+    # passes, beats two SDPA calls (measured in docs/performance.md: 1.6x faster at 25 keys,
+    # 1.2x at 100, slower at 512). Set to 0 to always take SDPA when use_fused_attention is on.
+    cpu_exact_max_keys = 128
+
+    def _exact_is_faster(self, q: Tensor, src_len: int) -> bool:
+        return self.mode == "bet_sf" and q.device.type == "cpu" and src_len <= self.cpu_exact_max_keys
+
     @property
     def masks_diagonal(self) -> bool:
         return self.mode == "diag_free" or (self.mode == "bet_sf" and not self.keep_diagonal)
@@ -150,6 +164,7 @@ class BirdEyeMultiheadAttention(MultiheadAttention):
         v = self._split_heads(self.v_proj(query), bsz)
 
         prev_r: Optional[Tensor] = None
+        prev_vw: Optional[Tensor] = None
         if incremental_state is not None:
             saved = self._get_input_buffer(incremental_state)
             if "prev_key" in saved:
@@ -158,6 +173,7 @@ class BirdEyeMultiheadAttention(MultiheadAttention):
                 k = torch.cat([prev_key, k], dim=2)
                 v = torch.cat([prev_value, v], dim=2)
                 prev_r = saved.get("prev_bet_r")
+                prev_vw = saved.get("prev_bet_vw")
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
                 key_padding_mask=key_padding_mask,
                 prev_key_padding_mask=saved.get("prev_key_padding_mask"),
@@ -166,7 +182,12 @@ class BirdEyeMultiheadAttention(MultiheadAttention):
                 static_kv=False,
             )
         src_len = k.size(2)
-        allowed = self._allowed(tgt_len, src_len, attn_mask, key_padding_mask, query.device)
+        if incremental_state is not None and tgt_len == 1 and attn_mask is None and key_padding_mask is None:
+            # One beam-search step without padding: the newest position sees every cached key.
+            # No mask tensors at all (the exact path handles None), a dozen small ops fewer per step.
+            allowed = None
+        else:
+            allowed = self._allowed(tgt_len, src_len, attn_mask, key_padding_mask, query.device)
 
         fused = (
             self.use_fused_attention
@@ -174,12 +195,15 @@ class BirdEyeMultiheadAttention(MultiheadAttention):
             and not need_weights
             and not before_softmax
             and not self.capture_attention
+            and not self._exact_is_faster(q, src_len)
         )
         if fused:
-            out, r_new = self._fused_attention(q, k, v, allowed)
-            weights = None
+            out, r_all = self._fused_attention(q, k, v, allowed)
+            weights, vw_all = None, None
         else:
-            out, weights, r_new = self._exact_attention(q, k, v, allowed, prev_r, before_softmax)
+            out, weights, r_all, vw_all = self._exact_attention(
+                q, k, v, allowed, prev_r, before_softmax, prev_vw
+            )
             if before_softmax:
                 return weights, v.reshape(bsz * self.num_heads, src_len, self.head_dim)
 
@@ -187,8 +211,9 @@ class BirdEyeMultiheadAttention(MultiheadAttention):
             saved["prev_key"] = k
             saved["prev_value"] = v
             saved["prev_key_padding_mask"] = key_padding_mask
-            if r_new is not None:
-                saved["prev_bet_r"] = r_new if prev_r is None else torch.cat([prev_r, r_new], dim=2)
+            if r_all is not None:  # BET(SF): R and V w_h of every key so far, (B, H, S), batch-first
+                saved["prev_bet_r"] = r_all
+                saved["prev_bet_vw"] = vw_all
             self._set_input_buffer(incremental_state, saved)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
@@ -233,40 +258,58 @@ class BirdEyeMultiheadAttention(MultiheadAttention):
         has_history = (allowed & ~diag).any(dim=-1, keepdim=True)
         return allowed & ~(diag & has_history)
 
-    def _key_scores(self, h: Tensor, k: Tensor) -> Tensor:
-        """R = sigmoid(w . [H ; K]) per head and key position: (B, H, T)."""
-        w = self.bet_w.to(h.dtype)
-        w_h, w_k = w[:, : self.head_dim], w[:, self.head_dim :]
-        logits = torch.einsum("bhtd,hd->bht", h, w_h.expand(self.num_heads, -1)) + torch.einsum(
-            "bhtd,hd->bht", k, w_k.expand(self.num_heads, -1)
-        )
-        return torch.sigmoid(logits)
+    def _w_columns(self, dtype) -> Tuple[Tensor, Tensor]:
+        """w split into its H part and its K part, each (heads or 1, d, 1) for batched matmuls."""
+        w = self.bet_w.to(dtype)
+        return w[:, : self.head_dim].unsqueeze(-1), w[:, self.head_dim :].unsqueeze(-1)
 
-    def _exact_attention(self, q, k, v, allowed, prev_r, before_softmax):
+    def _key_scores_from_value_scores(self, hw: Tensor, k_new: Tensor, w_k: Tensor) -> Tensor:
+        """R = sigmoid(H w_h + K w_k), (B, H, T), given H w_h = A (V w_h) as (B, H, T, 1)."""
+        return torch.sigmoid(hw + torch.matmul(k_new, w_k)).squeeze(-1)
+
+    def _exact_attention(self, q, k, v, allowed, prev_r, before_softmax, prev_vw=None):
+        """Materialised attention. Returns (out, probs, R of all S keys, V w_h of all S keys);
+        the last two are None unless bet_sf. ``prev_r``/``prev_vw``: cached values of the first
+        S - T keys (incremental decoding), so one step touches V only once, like vanilla."""
         tgt_len, src_len = q.size(2), k.size(2)
         scores = torch.matmul(q, k.transpose(-1, -2))  # D = Q K^T / sqrt(d), (B, H, T, S)
-        r_new = None
+        r, vw = None, None
         if self.mode == "diag_scale":
             diag = self._diagonal(tgt_len, src_len, q.device)
             scores = torch.where(diag, scores * self.diag_scale, scores)
         elif self.mode == "bet_sf":
-            first = self._softmax(scores.masked_fill(~allowed, float("-inf")), q.dtype)
+            first = self._softmax(self._masked(scores, allowed), q.dtype)
             if self.capture_attention:
                 self.captured_first_pass = first
-            h = torch.matmul(first, v)
-            r_new = self._key_scores(h, k[:, :, src_len - tgt_len :])
+            # H w_h = (A V) w_h = A (V w_h): H itself (T x d per head) is never needed.
+            w_h, w_k = self._w_columns(q.dtype)
+            if prev_vw is None or prev_vw.size(2) != src_len - tgt_len:
+                vw = torch.matmul(v, w_h).squeeze(-1)  # (B, H, S)
+            else:
+                vw = torch.cat([prev_vw, torch.matmul(v[:, :, src_len - tgt_len :], w_h).squeeze(-1)], dim=2)
+            hw = torch.matmul(first, vw.unsqueeze(-1))
+            r_new = self._key_scores_from_value_scores(hw, k[:, :, src_len - tgt_len :], w_k)
             r = r_new if prev_r is None else torch.cat([prev_r, r_new], dim=2)
             scores = scores * r.unsqueeze(2)  # R_j scales column j
-        final_allowed = self._diagonal_free(allowed) if self.masks_diagonal else allowed
-        scores = scores.masked_fill(~final_allowed, float("-inf"))
+        if allowed is None:
+            # one step seeing every key: DiagFreeMask drops the last (own) key unless it is the only one
+            if self.masks_diagonal and src_len > 1:
+                scores[..., -1] = float("-inf")
+        else:
+            final_allowed = self._diagonal_free(allowed) if self.masks_diagonal else allowed
+            scores = scores.masked_fill(~final_allowed, float("-inf"))
         if before_softmax:
             bsz = q.size(0)
-            return None, scores.reshape(bsz * self.num_heads, tgt_len, src_len), r_new
+            return None, scores.reshape(bsz * self.num_heads, tgt_len, src_len), r, vw
         probs = self._softmax(scores, q.dtype)
         if self.capture_attention:
             self.captured_attention = probs
         out = torch.matmul(self.dropout_module(probs), v)
-        return out, probs, r_new
+        return out, probs, r, vw
+
+    @staticmethod
+    def _masked(scores: Tensor, allowed: Optional[Tensor]) -> Tensor:
+        return scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))
 
     @staticmethod
     def _softmax(scores: Tensor, dtype) -> Tensor:
@@ -285,12 +328,32 @@ class BirdEyeMultiheadAttention(MultiheadAttention):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=1.0)
             return out, r_new
         if self.mode == "bet_sf":
-            h = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=1.0)
-            r_new = self._key_scores(h, k)
+            # First pass on the value scores V w_h (one column per head) instead of V:
+            # H w_h = A (V w_h), so the first pass costs about one Q K^T, not a full attention.
+            w_h, w_k = self._w_columns(q.dtype)
+            hw = self._first_pass_value_scores(q, k, torch.matmul(v, w_h), allowed)
+            r_new = self._key_scores_from_value_scores(hw, k, w_k)
             k = k * r_new.unsqueeze(-1)  # (Q K^T) * R == Q (R ⊙ K)^T
         final_allowed = self._diagonal_free(allowed) if self.masks_diagonal else allowed
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=final_allowed, dropout_p=dropout_p, scale=1.0)
         return out, r_new
+
+    @staticmethod
+    def _first_pass_value_scores(q, k, vw, allowed, use_sdpa: Optional[bool] = None):
+        """softmax(masked Q K^T) (V w_h), (B, H, T, 1), without dropout (the first pass has none).
+
+        On GPUs through SDPA with V w_h zero-padded to 8 columns (what the memory-efficient kernel
+        accepts), so no T x S matrix is stored; on CPU SDPA would fall back to its math path with
+        extra copies, so the matrix is computed directly there.
+        """
+        if use_sdpa is None:
+            use_sdpa = q.device.type != "cpu"
+        if use_sdpa:
+            padded = F.pad(vw, (0, 7))
+            return F.scaled_dot_product_attention(q, k, padded, attn_mask=allowed, scale=1.0)[..., :1]
+        scores = torch.matmul(q, k.transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+        first = F.softmax(scores.float(), dim=-1).to(q.dtype)
+        return torch.matmul(first, vw)
 
     # ------------------------------------------------------------------------------------------
     def upgrade_state_dict_named(self, state_dict, name):

@@ -12,7 +12,6 @@ gradient (the caller detaches it). The (b)+(d) term is computed for every distan
 into the (i, j) grid (no "relative shift" trick, which is the same numbers).
 """
 
-import math
 from typing import Optional, Tuple
 
 import torch

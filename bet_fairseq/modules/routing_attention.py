@@ -25,8 +25,7 @@ caches K and V batch-first like fairseq; cached keys are re-routed with the curr
 (fixed at inference).
 """
 
-import math
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F

@@ -74,7 +74,6 @@ class Row:
     train_flags: Dict[str, Dict[str, object]] = field(default_factory=dict)  # kind -> {flag: value}
     eval_flags: Dict[str, Dict[str, object]] = field(default_factory=dict)  # kind -> {flag: value}
     needs_syntax_hints: bool = False
-    planned: bool = False  # built by another part of the project; guarded at run time
     note: str = ""
 
 
@@ -91,23 +90,20 @@ ROWS: List[Row] = [
     Row("magnified_diag", "Transformer (Magnified Diag)", transformer("magnified_diag"),
         _paper(35.02, 26.89, 56.73, 25.86, 1.187), note="diagonal x 2.0"),
     Row("diagfree", "Transformer + DiagFreeMask", transformer("diagfree"), _paper(35.42, 27.67, 54.08, 24.05, 1.155)),
-    Row("hopfield", "Hopfield (Ramsauer et al. 2020)", named("hopfield"), _paper(33.70, 25.44, 54.09, 26.45, 1.201),
-        planned=True),
+    Row("hopfield", "Hopfield (Ramsauer et al. 2020)", named("hopfield"), _paper(33.70, 25.44, 54.09, 26.45, 1.201)),
     Row("localness", "Yang et al. 2018 (Gaussian localness bias)", named("localness"),
-        _paper(35.39, 27.64, 54.48, 24.21, 1.160), planned=True),
+        _paper(35.39, 27.64, 54.48, 24.21, 1.160)),
     Row("sparse_topk", "Zhao et al. 2019 (explicit top-k sparse attention)", named("sparse_topk"),
-        _paper(35.51, 27.84, 54.39, 24.16, 1.159), planned=True),
+        _paper(35.51, 27.84, 54.39, 24.16, 1.159)),
     Row("transformer_xl", "Transformer-XL", named("transformer_xl", LM_DATASETS), _paper(None, None, 54.39, 24.00, 1.161),
         train_flags={"lm": {"--task": "bet_truncated_bptt_lm", "--sample-break-mode": None}},
-        eval_flags={"lm": {"--task": "bet_truncated_bptt_lm", "--context-window": None}},
-        planned=True, note="segment recurrence: contiguous segments, eval without --context-window"),
-    Row("routing", "Routing Transformer", named("routing", LM_DATASETS), _paper(None, None, 53.81, 23.79, 1.158),
-        planned=True),
+        eval_flags={"lm": {"--task": "bet_truncated_bptt_lm", "--context-window": None}}, note="segment recurrence: contiguous segments, eval without --context-window"),
+    Row("routing", "Routing Transformer", named("routing", LM_DATASETS), _paper(None, None, 53.81, 23.79, 1.158)),
     Row("bet_sg", "BET(SG)", named("bet_sg"), _paper(36.04, 28.43, 51.66, 23.34, 1.147),
         train_flags={"mt": {"--task": "translation_syntax_hints", **POINTER},
                      "lm": {"--task": "language_modeling_syntax_hints", **POINTER, "--label-smoothing": 0.0,
                             "--sample-break-mode": "eos", "--skip-invalid-size-inputs-valid-test": True}},
-        needs_syntax_hints=True, planned=True,
+        needs_syntax_hints=True,
         note="syntax pointer loss (--pointer-lambda, criterion default); hints from bet-syntax-hints"),
     Row("bet_sf", "BET(SF)", named("bet_sf"), _paper(35.85, 28.03, 52.97, 23.76, 1.153)),
     Row("bet_sf_nodiagmask", "BET(SF) - DiagFreeMask", named("bet_sf_nodiagmask"),

@@ -64,8 +64,7 @@ def availability(row, dataset):
     arch = row.archs[dataset]
     kind = R.DATASETS[dataset].kind
     if arch not in ARCH_MODEL_REGISTRY:
-        state = "planned, not built yet" if row.planned else "not registered"
-        return f"row {row.key!r} on {dataset} is not available: architecture {arch!r} is {state}"
+        return f"row {row.key!r} on {dataset} is not available: architecture {arch!r} is not registered"
     flags = row.train_flags.get(kind, {})
     task, criterion = flags.get("--task"), flags.get("--criterion")
     if task and task not in TASK_REGISTRY:

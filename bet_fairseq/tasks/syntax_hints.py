@@ -17,10 +17,8 @@ or with these tasks on a split without hint files.
 
 import logging
 import os
-import types
 from dataclasses import dataclass, field
 
-import numpy as np
 from fairseq import utils
 from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import register_task
@@ -58,13 +56,6 @@ class LanguageModelingSyntaxHintsConfig(LanguageModelingConfig, SyntaxHintOption
 
 register_help("bet-fairseq syntax hints (--task translation_syntax_hints / language_modeling_syntax_hints)",
               SyntaxHintOptions)
-
-
-def _numpy2_shim_for_token_blocks():
-    """fairseq 0.12's TokenBlockDataset (``--sample-break-mode eos``) uses ``np.compat.long``, which
-    numpy 2 removed; give it back (numpy's own alias for int64) only where it is missing."""
-    if not hasattr(np, "compat"):
-        np.compat = types.SimpleNamespace(long=np.int64)
 
 
 def _hints_required(cfg, split: str) -> bool:
@@ -115,7 +106,6 @@ class LanguageModelingSyntaxHintsTask(LanguageModelingTask):
     """fairseq's language_modeling task, one sentence per sample, with the sentences' syntax hints."""
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
-        _numpy2_shim_for_token_blocks()
         super().load_dataset(split, epoch=epoch, combine=combine, **kwargs)
         required = _hints_required(self.args, split)
         if self.args.sample_break_mode != "eos" or self.args.add_bos_token:
