@@ -81,8 +81,8 @@ def write_atomic(path, lines):
     os.replace(path + ".part", path)
 
 
-def tokenise(data_dir, tok_dir, max_train):
-    """Moses tokenisation + lowercasing (as the IWSLT recipe), train capped at max_train pairs."""
+def tokenise(data_dir, tok_dir, max_train, max_eval=0):
+    """Moses tokenisation + lowercasing (as the IWSLT recipe); train / test capped when asked."""
     from sacremoses import MosesTokenizer
 
     os.makedirs(tok_dir, exist_ok=True)
@@ -101,8 +101,9 @@ def tokenise(data_dir, tok_dir, max_train):
             for i, line in enumerate(texts[lang], 1):
                 if not line.strip():
                     fail(f"{paths[lang]} line {i} is empty (a misaligned or truncated file?)")
-        if split == "train" and max_train:
-            texts = {lang: t[:max_train] for lang, t in texts.items()}
+        cap = max_train if split == "train" else max_eval
+        if cap:
+            texts = {lang: t[:cap] for lang, t in texts.items()}
         for lang, lines in texts.items():
             mt = MosesTokenizer(lang=lang)
             write_atomic(outs[lang], [mt.tokenize(x.lower(), escape=False, return_str=True) for x in lines])
@@ -153,9 +154,15 @@ def binarise(bpe_dir, bin_dir):
 def train_and_score(args, bin_dir, name, arch):
     save = os.path.join(args.work_dir, "checkpoints", name)
     ckpt = os.path.join(save, "checkpoint_last.pt")
+    gen_log = os.path.join(save, "generate.log")
+    timing_path = os.path.join(save, "timing.json")
     os.makedirs(save, exist_ok=True)
-    started = time.time()
+    timing = {}
+    if os.path.exists(timing_path):
+        with open(timing_path) as f:
+            timing = json.load(f)
     if not os.path.exists(ckpt) or args.retrain:
+        started = time.time()
         run(["fairseq-train", bin_dir, "--user-dir", USER_DIR, "--arch", arch, *TINY,
              "--share-decoder-input-output-embed", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
              "--lr", args.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", args.warmup,
@@ -164,16 +171,21 @@ def train_and_score(args, bin_dir, name, arch):
              "--save-dir", save, "--no-epoch-checkpoints",
              "--log-format", "simple", "--log-interval", "50", "--no-progress-bar", "--cpu",
              "--num-workers", "0"], log_path=os.path.join(save, "train.log"))
-    train_seconds = time.time() - started
-    started = time.time()
-    out = run(["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--path", ckpt, "--gen-subset", "test",
-               "--beam", "5", "--batch-size", "128", "--remove-bpe", "--cpu", "--max-len-a", "1.2",
-               "--max-len-b", "10"], log_path=os.path.join(save, "generate.log"))
-    match = re.search(r"BLEU4 = ([\d.]+)", out)
+        timing["train_seconds"] = round(time.time() - started, 1)
+    if not (os.path.exists(gen_log) and os.path.getmtime(gen_log) > os.path.getmtime(ckpt)):
+        started = time.time()
+        run(["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--path", ckpt, "--gen-subset", "test",
+             "--beam", "5", "--batch-size", "128", "--remove-bpe", "--cpu", "--max-len-a", "1.2",
+             "--max-len-b", "10"], log_path=gen_log)
+        timing["generate_seconds"] = round(time.time() - started, 1)
+    with open(timing_path, "w") as f:
+        json.dump(timing, f)
+    with open(gen_log, encoding="utf-8") as f:
+        match = re.search(r"BLEU4 = ([\d.]+)", f.read())
     if not match:
-        fail(f"no BLEU in fairseq-generate output (see {save}/generate.log)")
-    return dict(model=name, arch=arch, bleu=float(match.group(1)), train_seconds=round(train_seconds, 1),
-                generate_seconds=round(time.time() - started, 1))
+        fail(f"no BLEU in fairseq-generate output (see {gen_log})")
+    return dict(model=name, arch=arch, bleu=float(match.group(1)), train_seconds=timing.get("train_seconds"),
+                generate_seconds=timing.get("generate_seconds"))
 
 
 def main(argv=None):
@@ -181,6 +193,8 @@ def main(argv=None):
     p.add_argument("--data-dir", help="local Multi30k task1 raw files (default: download into --work-dir)")
     p.add_argument("--work-dir", default="work-dirs/demo_side_by_side", help="outputs (default: %(default)s)")
     p.add_argument("--max-train", type=int, default=0, help="use only the first N training pairs (0: all 29k)")
+    p.add_argument("--max-eval", type=int, default=0,
+                   help="use only the first N valid and test pairs (0: all 1,014 / 1,000)")
     p.add_argument("--bpe-merges", type=int, default=4000)
     p.add_argument("--max-update", type=int, default=1500)
     p.add_argument("--max-tokens", type=int, default=4096)
@@ -194,7 +208,7 @@ def main(argv=None):
     data_dir = args.data_dir or download(os.path.join(args.work_dir, "raw"))
     if not os.path.isdir(data_dir):
         fail(f"--data-dir {data_dir} is not a folder")
-    tokenise(data_dir, os.path.join(args.work_dir, "tok"), args.max_train)
+    tokenise(data_dir, os.path.join(args.work_dir, "tok"), args.max_train, args.max_eval)
     learn_and_apply_bpe(os.path.join(args.work_dir, "tok"), os.path.join(args.work_dir, "bpe"), args.bpe_merges)
     bin_dir = os.path.join(args.work_dir, "data-bin")
     binarise(os.path.join(args.work_dir, "bpe"), bin_dir)
@@ -205,7 +219,9 @@ def main(argv=None):
     print("|---|---|---|---|---|")
     for r in results:
         print(f"| {r['model']} | {r['arch']} | {r['bleu']:.2f} | {r['train_seconds']} | {r['generate_seconds']} |")
-    print(f"\nMulti30k De->En test_2016_flickr, {args.max_update} updates each, total {total:.0f} s")
+    n_test = args.max_eval or "all"
+    print(f"\nMulti30k De->En test_2016_flickr ({n_test} sentences), {args.max_update} updates each, "
+          f"total {total:.0f} s")
     with open(os.path.join(args.work_dir, "results.json"), "w") as f:
         json.dump(dict(results=results, total_seconds=round(total, 1), args=vars(args)), f, indent=2)
     return results

@@ -98,6 +98,8 @@ def test_every_architecture_trains(mt_data, lm_data, tmp_path):
     import sys
     from fairseq_cli import train as train_cli
 
+    from fairseq import checkpoint_utils
+
     def run(argv):
         old = sys.argv
         sys.argv = ["fairseq-train", *map(str, argv)]
@@ -105,6 +107,8 @@ def test_every_architecture_trains(mt_data, lm_data, tmp_path):
             train_cli.cli_main()
         finally:
             sys.argv = old
+            if hasattr(checkpoint_utils.save_checkpoint, "best"):  # fairseq's per-process best loss
+                del checkpoint_utils.save_checkpoint.best
 
     for arch in TRANSLATION_ARCHS:
         save = tmp_path / arch

@@ -35,7 +35,8 @@ def test_demo_prints_both_bleu_scores(tmp_path):
     data = require_shared("multi30k")
     work = tmp_path / "demo"
     proc = run([sys.executable, "run/demo_side_by_side.py", "--data-dir", data, "--work-dir", str(work),
-                "--max-train", "800", "--max-update", "3", "--bpe-merges", "200", "--max-tokens", "2000"])
+                "--max-train", "800", "--max-eval", "30", "--max-update", "3", "--bpe-merges", "200",
+                "--max-tokens", "2000"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((work / "results.json").read_text())["results"]
     assert [r["arch"] for r in results] == ["transformer_iwslt_de_en", "bet_sf_iwslt"]
@@ -43,10 +44,15 @@ def test_demo_prints_both_bleu_scores(tmp_path):
         assert f"| {r['model']} | {r['arch']} | {r['bleu']:.2f} |" in proc.stdout
     with open(work / "tok" / "train.en") as f:
         assert sum(1 for _ in f) == 800
+    generated = (work / "checkpoints" / "bet_sf" / "generate.log").read_text()
+    assert generated.count("\nH-") == 30, "every test sentence is translated"
     # A second run reuses everything it already made.
     again = run([sys.executable, "run/demo_side_by_side.py", "--data-dir", data, "--work-dir", str(work),
-                 "--max-train", "800", "--max-update", "3", "--bpe-merges", "200"])
-    assert again.returncode == 0 and "fairseq-train" not in again.stdout and "fairseq-preprocess" not in again.stdout
+                 "--max-train", "800", "--max-eval", "30", "--max-update", "3", "--bpe-merges", "200"])
+    assert again.returncode == 0
+    for tool in ("fairseq-preprocess", "fairseq-train", "fairseq-generate"):
+        assert tool not in again.stdout, tool
+    assert json.loads((work / "results.json").read_text())["results"][1]["bleu"] == results[1]["bleu"]
 
 
 def test_demo_rejects_misaligned_data(tmp_path):

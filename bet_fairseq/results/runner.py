@@ -188,6 +188,12 @@ def run_in_process(argv, log_path, echo=True):
         root.addHandler(handler)
         root.setLevel(logging.INFO)
         sys.argv = [tool, *args]
+        # fairseq keeps the best validation loss seen so far on a function attribute; an earlier
+        # run in this process would otherwise decide whether this one writes checkpoint_best.pt.
+        from fairseq import checkpoint_utils
+
+        if hasattr(checkpoint_utils.save_checkpoint, "best"):
+            del checkpoint_utils.save_checkpoint.best
         try:
             with contextlib.redirect_stdout(log):
                 module.cli_main()
