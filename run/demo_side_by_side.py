@@ -196,7 +196,7 @@ def main(argv=None):
     p.add_argument("--max-eval", type=int, default=0,
                    help="use only the first N valid and test pairs (0: all 1,014 / 1,000)")
     p.add_argument("--bpe-merges", type=int, default=4000)
-    p.add_argument("--max-update", type=int, default=1500)
+    p.add_argument("--max-update", type=int, default=500)
     p.add_argument("--max-tokens", type=int, default=4096)
     p.add_argument("--lr", default="0.002")
     p.add_argument("--warmup", default="400")

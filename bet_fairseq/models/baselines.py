@@ -24,7 +24,13 @@ from ..modules.baseline_decoder import (
 )
 from ..modules.bird_eye_config import set_attention_defaults
 from .bet_transformer import BirdEyeTransformerModel
-from .bet_transformer_lm import LM_SIZES, BirdEyeLanguageModelConfig, BirdEyeTransformerLanguageModel, bet_lm_base
+from .bet_transformer_lm import (
+    LM_SIZES,
+    BirdEyeLanguageModelConfig,
+    BirdEyeTransformerLanguageModel,
+    apply_lm_size,
+    bet_lm_base,
+)
 
 register_help(
     "bet-fairseq baseline decoder self-attention (--arch localness_* / sparse_topk_* / hopfield_*)",
@@ -98,10 +104,7 @@ def _register_translation(arch_name, size_fn, baseline):
 def _register_lm(arch_name, size, baseline):
     def architecture(args):
         _set_baseline(args, baseline)
-        for name, value in LM_SIZES[size].items():
-            if getattr(args, name, None) is None:
-                setattr(args, name, value)
-        args.decoder_layers = getattr(args, "decoder_layers", None) or 6
+        apply_lm_size(args, size)
         bet_lm_base(args)
 
     architecture.__name__ = arch_name

@@ -58,15 +58,20 @@ LM_SIZES = {
 }
 
 
+def apply_lm_size(args, size):
+    """Fill the sizes of LM_SIZES[size] (and 6 layers) that the command line left unset."""
+    for name, value in LM_SIZES[size].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    args.decoder_layers = getattr(args, "decoder_layers", None) or 6
+
+
 def _register(arch_name, size, variant):
     def architecture(args):
         if variant == "diag_scale" and getattr(args, "diag_scale", None) is None:
             raise ValueError(f"--arch {arch_name} needs --diag-scale C (C > 0)")
         set_attention_defaults(args, **ATTENTION_VARIANTS[variant])
-        for name, value in LM_SIZES[size].items():
-            if getattr(args, name, None) is None:
-                setattr(args, name, value)
-        args.decoder_layers = getattr(args, "decoder_layers", None) or 6
+        apply_lm_size(args, size)
         bet_lm_base(args)
 
     architecture.__name__ = arch_name

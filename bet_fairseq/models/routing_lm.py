@@ -12,18 +12,16 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import FairseqDataclass
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerDecoder
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig, base_lm_architecture
 from fairseq.modules import TransformerDecoderLayer
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.utils import safe_getattr
 
 from ..cli_help import register_help
 from ..modules.routing_attention import RoutingMultiheadAttention, validate_routing_settings
-from .bet_transformer_lm import LM_SIZES
+from ..modules.bird_eye_decoder import BirdEyeTransformerDecoder
+from .bet_transformer_lm import LM_SIZES, apply_lm_size
 
 
 @dataclass
@@ -70,14 +68,8 @@ class RoutingDecoderLayer(TransformerDecoderLayer):
             q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size, **self._routing_settings)
 
 
-class RoutingTransformerDecoder(TransformerDecoder):
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = RoutingDecoderLayer(self.args, no_encoder_attn)  # self.args: the flat namespace
-        cfg = TransformerConfig.from_namespace(cfg)
-        if cfg.checkpoint_activations:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
-        return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+class RoutingTransformerDecoder(BirdEyeTransformerDecoder):
+    layer_class = RoutingDecoderLayer
 
 
 @dataclass
@@ -109,10 +101,7 @@ def routing_modules(model):
 
 def _register(arch_name, size):
     def architecture(args):
-        for name, value in LM_SIZES[size].items():
-            if getattr(args, name, None) is None:
-                setattr(args, name, value)
-        args.decoder_layers = getattr(args, "decoder_layers", None) or 6
+        apply_lm_size(args, size)
         routing_lm_base(args)
 
     architecture.__name__ = arch_name

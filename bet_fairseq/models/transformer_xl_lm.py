@@ -31,7 +31,7 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from ..cli_help import register_help
 from ..modules.relative_attention import RelativeMultiheadAttention
 from ..tasks.truncated_bptt import TruncatedBPTTLanguageModelingTask
-from .bet_transformer_lm import LM_SIZES
+from .bet_transformer_lm import LM_SIZES, apply_lm_size
 
 
 @dataclass
@@ -167,10 +167,8 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
 
 def _register(arch_name, size):
     def architecture(args):
-        for name, value in LM_SIZES[size].items():
-            if getattr(args, name, None) is None:
-                setattr(args, name, value)
-        for name, value in dict(decoder_layers=6, dropout=0.1, attention_dropout=0.0, activation_fn="relu",
+        apply_lm_size(args, size)
+        for name, value in dict(dropout=0.1, attention_dropout=0.0, activation_fn="relu",
                                 share_decoder_input_output_embed=False, mem_len=150).items():
             if getattr(args, name, None) is None:
                 setattr(args, name, value)

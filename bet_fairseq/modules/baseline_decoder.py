@@ -9,9 +9,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer.transformer_config import TransformerConfig
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.utils import safe_getattr
 
 from .baseline_attention import BASELINES, build_baseline_attention, validate_baseline_settings
@@ -96,11 +94,4 @@ class BaselineDecoderLayer(BirdEyeDecoderLayer):
 
 
 class BaselineTransformerDecoder(BirdEyeTransformerDecoder):
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        # As BirdEyeTransformerDecoder: the flat namespace self.args still holds our options.
-        layer = BaselineDecoderLayer(self.args, no_encoder_attn)
-        cfg = TransformerConfig.from_namespace(cfg)
-        if cfg.checkpoint_activations:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
-        return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+    layer_class = BaselineDecoderLayer

@@ -39,10 +39,14 @@ class BirdEyeDecoderLayer(TransformerDecoderLayer):
 
 
 class BirdEyeTransformerDecoder(TransformerDecoder):
+    """Subclasses that only change the layer set ``layer_class`` (built from the flat namespace)."""
+
+    layer_class = BirdEyeDecoderLayer
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         # fairseq hands the layer builder a TransformerConfig, which drops our options: the
         # flat namespace (self.args, set before the layers are built) still has them.
-        layer = BirdEyeDecoderLayer(self.args, no_encoder_attn)
+        layer = self.layer_class(self.args, no_encoder_attn)
         cfg = TransformerConfig.from_namespace(cfg)
         if cfg.checkpoint_activations:
             layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
