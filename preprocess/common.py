@@ -473,6 +473,19 @@ def dictionary_size(path):
         return sum(1 for _ in f)
 
 
+def binarise_translation(steps, out, bin_dir, codes, final, src, tgt, workers, dataset, **extra):
+    """The last step of both translation recipes: fairseq-preprocess with a joined dictionary over
+    OUT/{train,valid,test}.{src,tgt}, then OUT/summary.json (pair counts, dictionary size)."""
+    prefixes = {s: os.path.join(out, s) for s in ("train", "valid", "test")}
+    steps.run("binarise", [codes] + list(final.values()), [os.path.join(bin_dir, f"dict.{src}.txt")],
+              lambda: binarise(bin_dir, prefixes, workers, src, tgt, joined=True), {"bin_dir": bin_dir})
+    summary = {"dataset": dataset, "bin_dir": bin_dir, "codes": codes, **extra,
+               "pairs": {s: count_lines(final[s, src]) for s in ("train", "valid", "test")},
+               "dictionary_size": dictionary_size(os.path.join(bin_dir, f"dict.{src}.txt"))}
+    write_summary(os.path.join(out, "summary.json"), summary)
+    return summary
+
+
 def write_summary(path, summary):
     with atomic_output(path) as f:
         json.dump(summary, f, indent=1)

@@ -9,7 +9,6 @@ train.de + train.en, then fairseq-preprocess with a joined dictionary.
 """
 
 import argparse
-import glob
 import os
 import re
 import shutil
@@ -166,15 +165,7 @@ def main(argv=None):
                   lambda path=path, dst=final[s, l]: common.apply_bpe(codes, path, dst, args.workers))
 
     # --- binarise
-    prefixes = {s: os.path.join(out, s) for s in ("train", "valid", "test")}
-    steps.run("binarise", [codes] + list(final.values()), [os.path.join(bin_dir, f"dict.{SRC}.txt")],
-              lambda: common.binarise(bin_dir, prefixes, args.workers, SRC, TGT, joined=True),
-              {"bin_dir": bin_dir})
-    summary = {"dataset": "iwslt14_de_en", "bin_dir": bin_dir, "codes": codes,
-               "pairs": {s: common.count_lines(final[s, SRC]) for s in ("train", "valid", "test")},
-               "dictionary_size": common.dictionary_size(os.path.join(bin_dir, f"dict.{SRC}.txt"))}
-    common.write_summary(os.path.join(out, "summary.json"), summary)
-    return summary
+    return common.binarise_translation(steps, out, bin_dir, codes, final, SRC, TGT, args.workers, "iwslt14_de_en")
 
 
 def cli_main():

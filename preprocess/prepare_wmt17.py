@@ -165,15 +165,8 @@ def main(argv=None):
         steps.run(f"copy-test-{l}", [bpe["test", l]], [final["test", l]],
                   lambda l=l: common.write_lines(final["test", l], common.read_lines(bpe["test", l], quiet=True)))
 
-    prefixes = {s: os.path.join(out, s) for s in ("train", "valid", "test")}
-    steps.run("binarise", [codes] + list(final.values()), [os.path.join(bin_dir, f"dict.{SRC}.txt")],
-              lambda: common.binarise(bin_dir, prefixes, args.workers, SRC, TGT, joined=True), {"bin_dir": bin_dir})
-    summary = {"dataset": "wmt17_en_de", "bin_dir": bin_dir, "codes": codes,
-               "corpora": [p[SRC] for p in corpora],
-               "pairs": {s: common.count_lines(final[s, SRC]) for s in ("train", "valid", "test")},
-               "dictionary_size": common.dictionary_size(os.path.join(bin_dir, f"dict.{SRC}.txt"))}
-    common.write_summary(os.path.join(out, "summary.json"), summary)
-    return summary
+    return common.binarise_translation(steps, out, bin_dir, codes, final, SRC, TGT, args.workers, "wmt17_en_de",
+                                       corpora=[p[SRC] for p in corpora])
 
 
 def cli_main():
