@@ -46,6 +46,22 @@ def cli(name, *args, check=True, env=None, timeout=600):
     return proc
 
 
+def cli_in_process(module, argv):
+    """A fairseq command's real ``cli_main`` (``fairseq_cli.train``, ...) in this process: no start-up
+    cost. fairseq keeps the best validation loss on a function attribute; it is cleared afterwards
+    so that one run never decides whether a later one writes checkpoint_best.pt."""
+    from fairseq import checkpoint_utils
+
+    old = sys.argv
+    sys.argv = [module.__name__, *map(str, argv)]
+    try:
+        return module.cli_main()
+    finally:
+        sys.argv = old
+        if hasattr(checkpoint_utils.save_checkpoint, "best"):
+            del checkpoint_utils.save_checkpoint.best
+
+
 def head(src, dst, n):
     with open(src, encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as g:
         for i, line in enumerate(f):

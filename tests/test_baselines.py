@@ -4,13 +4,12 @@ decoding, with bad options, and end to end through fairseq's training / generati
 
 import math
 import re
-import sys
 
 import pytest
 import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from cli_utils import COMMON_TRAIN, TINY_LM, TINY_TRANSLATION, USER_DIR, binarise_multi30k, binarise_wikitext2, cli
+from cli_utils import COMMON_TRAIN, TINY_LM, TINY_TRANSLATION, USER_DIR, binarise_multi30k, binarise_wikitext2, cli, cli_in_process
 
 import bet_fairseq  # noqa: F401  (registers the architectures)
 from bet_fairseq.modules.baseline_attention import (
@@ -281,12 +280,7 @@ ARCHS = ["localness", "sparse_topk", "hopfield"]
 def _train_in_process(argv):
     from fairseq_cli import train as train_cli
 
-    old = sys.argv
-    sys.argv = ["fairseq-train", *map(str, argv)]
-    try:
-        train_cli.cli_main()
-    finally:
-        sys.argv = old
+    cli_in_process(train_cli, argv)
 
 
 def test_end_to_end(tmp_path):

@@ -5,12 +5,11 @@ import logging
 import os
 import re
 import shutil
-import sys
 
 import pytest
 import torch
 
-from cli_utils import COMMON_TRAIN, TINY_LM, TINY_TRANSLATION, USER_DIR, cli, require_shared
+from cli_utils import COMMON_TRAIN, TINY_LM, TINY_TRANSLATION, USER_DIR, cli, cli_in_process, require_shared
 
 import bet_fairseq  # noqa: F401
 from bet_fairseq.tasks.syntax_hint_data import SyntaxHintError
@@ -53,13 +52,8 @@ def run_train(argv, caplog):
     """fairseq-train's real main, in-process (a start-up less); returns its log lines."""
     from fairseq_cli import train as train_cli
 
-    old = sys.argv
-    sys.argv = ["fairseq-train", *map(str, argv)]
-    try:
-        with caplog.at_level(logging.INFO):
-            train_cli.cli_main()
-    finally:
-        sys.argv = old
+    with caplog.at_level(logging.INFO):
+        cli_in_process(train_cli, argv)
     return "\n".join(r.getMessage() for r in caplog.records)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cli_utils import (
-    COMMON_TRAIN, TINY_LM, TINY_TRANSLATION, USER_DIR, binarise_multi30k, binarise_wikitext2, cli,
+    COMMON_TRAIN, TINY_LM, TINY_TRANSLATION, USER_DIR, binarise_multi30k, binarise_wikitext2, cli, cli_in_process,
 )
 
 import bet_fairseq  # noqa: F401  (registers the architectures listed below)
@@ -95,20 +95,10 @@ def test_lm_train_eval(lm_data, tmp_path):
 def test_every_architecture_trains(mt_data, lm_data, tmp_path):
     """Each registered architecture builds from its name and takes two updates (in one process
     per family, through fairseq_cli.train's real main, to keep the suite fast)."""
-    import sys
     from fairseq_cli import train as train_cli
 
-    from fairseq import checkpoint_utils
-
     def run(argv):
-        old = sys.argv
-        sys.argv = ["fairseq-train", *map(str, argv)]
-        try:
-            train_cli.cli_main()
-        finally:
-            sys.argv = old
-            if hasattr(checkpoint_utils.save_checkpoint, "best"):  # fairseq's per-process best loss
-                del checkpoint_utils.save_checkpoint.best
+        cli_in_process(train_cli, argv)
 
     for arch in TRANSLATION_ARCHS:
         save = tmp_path / arch

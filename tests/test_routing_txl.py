@@ -3,13 +3,12 @@ centroid EMA, memory recurrence and stop-gradient, the contiguous-segment task, 
 
 import math
 import re
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from cli_utils import COMMON_TRAIN, TINY_LM, USER_DIR, binarise_wikitext2, cli
+from cli_utils import COMMON_TRAIN, TINY_LM, USER_DIR, binarise_wikitext2, cli, cli_in_process
 
 import bet_fairseq  # noqa: F401
 from bet_fairseq.models.transformer_xl_lm import TransformerXLConfig, TransformerXLDecoder
@@ -303,15 +302,6 @@ def test_segments_are_contiguous_rows(lm_data):
         assert inputs == expected[:-1] and targets == expected[1:]
 
 
-def in_process(module, argv):
-    old = sys.argv
-    sys.argv = [module.__name__, *map(str, argv)]
-    try:
-        return module.cli_main()
-    finally:
-        sys.argv = old
-
-
 def eval_ppl(text):
     return float(re.search(r"Perplexity: ([\d.]+)", text).group(1))
 
@@ -359,7 +349,7 @@ def test_every_size_trains_and_bad_options_fail(lm_data, tmp_path):
 
     for arch, flags in (("routing_lm_wikitext103", ROUTING_FLAGS), ("routing_lm_enwik8", ROUTING_FLAGS),
                         ("transformer_xl_lm_wikitext103", TXL_FLAGS), ("transformer_xl_lm_enwik8", TXL_FLAGS)):
-        in_process(train, [lm_data, "--user-dir", USER_DIR, "--arch", arch, *TINY_LM, *COMMON_TRAIN, *flags,
+        cli_in_process(train, [lm_data, "--user-dir", USER_DIR, "--arch", arch, *TINY_LM, *COMMON_TRAIN, *flags,
                            "--max-update", "2", "--save-dir", tmp_path / arch, "--no-save"])
     # the architectures carry the sizes of the other LM rows when no size flag is given
     expected = {"routing_lm": (300, 4, 1200), "routing_lm_wikitext103": (300, 6, 1200),
@@ -380,7 +370,7 @@ def test_every_size_trains_and_bad_options_fail(lm_data, tmp_path):
          "needs --batch-size"),
     ):
         with pytest.raises(ValueError, match=re.escape(message)):
-            in_process(train, [lm_data, "--user-dir", USER_DIR, *TINY_LM, *COMMON_TRAIN, *argv,
+            cli_in_process(train, [lm_data, "--user-dir", USER_DIR, *TINY_LM, *COMMON_TRAIN, *argv,
                                "--max-update", "1", "--save-dir", tmp_path / "bad", "--no-save"])
 
 
