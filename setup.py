@@ -2,7 +2,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="bet-fairseq",
-    version="0.1.0",
+    version="0.2.0",
     description="Bird-Eye Transformer (BET) for text generation, as a fairseq --user-dir plugin",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

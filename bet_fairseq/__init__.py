@@ -1,29 +1,22 @@
 """bet-fairseq: the Bird-Eye Transformer (BET) as a fairseq plugin (``--user-dir bet_fairseq``).
 
-Importing the package registers its models, architectures, criterions and tasks with fairseq, makes
-fairseq checkpoints loadable under torch's ``weights_only`` unpickler, and corrects three faults of
-fairseq-fixed 0.12.3.1 on this stack (see distributed_compat and fairseq_compat).
+Importing the package imports neither fairseq nor torch unless fairseq is already loaded, so tools that
+only read or write files (``bet-syntax-hints``, ``bet-results``) start fast and leave fairseq untouched.
+``bet_fairseq.register()`` (or ``import bet_fairseq.models``) registers everything (attention variants,
+models, architectures, criterions, tasks) and applies the fairseq patches of ``bet_fairseq.compat``. It
+runs on import when fairseq is loaded already, which is the case under fairseq's ``--user-dir`` import:
+fairseq skips a ``--user-dir`` package that is imported already, so registration cannot wait for it.
 """
 
 import os
+import sys
 
-from . import checkpoint_safety, distributed_compat, fairseq_compat
+__version__ = "0.2.0"
 
-checkpoint_safety.allow_fairseq_checkpoint_globals()  # torch weights_only loading of fairseq checkpoints
-distributed_compat.install()  # torchrun (also on CPU): one master, gloo, DDP without device_ids
-fairseq_compat.install()  # keep the last batch fairseq-fixed drops; numpy 2's missing np.compat.long
 
-from . import modules, models, criterions, tasks  # noqa: E402,F401  (registers with fairseq)
-from .cli_help import add_options_to_fairseq_help, register_help  # noqa: E402
-from .modules.bird_eye_config import BirdEyeAttentionConfig  # noqa: E402
-
-register_help(
-    "bet-fairseq decoder self-attention (--arch bet_* / transformer_*_diag* of bet_transformer[_lm])",
-    BirdEyeAttentionConfig,
-)
-add_options_to_fairseq_help()
-
-__version__ = "0.1.0"
+def register():
+    """Register the plugin with fairseq and apply its patches (idempotent), as ``--user-dir`` does."""
+    from . import models  # noqa: F401
 
 
 def user_dir() -> str:
@@ -33,3 +26,7 @@ def user_dir() -> str:
 
 def print_user_dir():
     print(user_dir())
+
+
+if "fairseq" in sys.modules:
+    register()

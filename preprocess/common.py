@@ -1,7 +1,8 @@
-"""Shared steps of the ``bet-prepare-*`` commands: checked reading, atomic writing, resumable steps,
+"""Shared steps of the ``bet-prepare-*`` commands: checked reading, resumable steps,
 Moses tokenisation (sacremoses), joint BPE (subword-nmt) and fairseq binarisation.
 
-Every step writes its outputs under temporary names and renames them when complete, then leaves a
+Every step writes its outputs under temporary names and renames them when complete
+(``bet_fairseq.files``), then leaves a
 ``.done`` marker that records its inputs (path, size, mtime) and settings: a re-run skips a step whose
 marker still matches and redoes it otherwise, so a half-written output never looks finished.
 """
@@ -17,10 +18,11 @@ import tarfile
 import unicodedata
 import urllib.request
 import zipfile
-from contextlib import contextmanager
 from multiprocessing import Pool
 
 from tqdm import tqdm
+
+from bet_fairseq.files import atomic_path, atomic_write
 
 
 class PrepareError(SystemExit):
@@ -38,23 +40,6 @@ def log(message):
 def progress(iterable, desc, total=None, quiet=False):
     return tqdm(iterable, desc=desc, total=total, unit=" lines", disable=quiet, mininterval=1.0,
                 file=sys.stderr, leave=False)
-
-
-# ----------------------------------------------------------------------------- atomic output
-
-@contextmanager
-def atomic_output(path, mode="w"):
-    """Open ``path`` for writing under a temporary name; rename only when the block succeeds."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    kwargs = {} if "b" in mode else {"encoding": "utf-8", "newline": "\n"}
-    try:
-        with open(tmp, mode, **kwargs) as f:
-            yield f
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _signature(paths):
@@ -108,7 +93,7 @@ class Steps:
         missing = [p for p in outputs if not os.path.exists(p)]
         if missing:
             raise RuntimeError(f"step {name} did not write {missing}")
-        with atomic_output(marker) as f:
+        with atomic_write(marker) as f:
             json.dump(self._record(inputs, outputs, settings or {}), f, indent=1)
         return True
 
@@ -168,7 +153,7 @@ def count_lines(path):
 
 def write_lines(path, lines):
     n = 0
-    with atomic_output(path) as f:
+    with atomic_write(path) as f:
         for line in lines:
             f.write(line + "\n")
             n += 1
@@ -194,14 +179,15 @@ def check_line_count(path, expected, what):
 
 # ----------------------------------------------------------------------------- archives, downloads
 
-def download(url, dest, expected_md5=None):
-    """Fetch ``url`` to ``dest`` (atomic); a clear error when there is no network."""
+def download(url, dest, expected_md5=None,
+             offline_hint="download the release elsewhere and pass its folder with --raw-dir"):
+    """Fetch ``url`` to ``dest`` (atomic); a clear error, ending with ``offline_hint``, when there is no network."""
     if os.path.exists(dest):
         log(f"{dest} already exists, skipping download")
         return dest
     log(f"downloading {url} -> {dest}")
     try:
-        with urllib.request.urlopen(url, timeout=60) as resp, atomic_output(dest, "wb") as out:
+        with urllib.request.urlopen(url, timeout=60) as resp, atomic_write(dest, "wb") as out:
             total = int(resp.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, leave=False) as bar:
                 while True:
@@ -215,9 +201,7 @@ def download(url, dest, expected_md5=None):
     except PrepareError:
         raise
     except OSError as exc:
-        raise PrepareError(
-            f"could not download {url} ({exc}). Without a network, download the release elsewhere and pass "
-            "its folder with --raw-dir.")
+        raise PrepareError(f"could not download {url} ({exc}). Without a network, {offline_hint}.")
     if expected_md5 is not None and md5(dest) != expected_md5:
         os.remove(dest)
         raise PrepareError(f"{dest}: checksum mismatch (corrupt download), removed it; run again")
@@ -314,7 +298,7 @@ def moses_tokenize(lines, lang, out_path, aggressive=False, escape=True, lowerca
     """Moses-tokenise ``lines`` (an iterable of str) into ``out_path`` (tokenizer.perl -l LANG [-a])."""
     init = (lang, aggressive, escape, lowercase, normalise)
     desc = desc or f"tokenise {os.path.basename(out_path)}"
-    with atomic_output(out_path) as f:
+    with atomic_write(out_path) as f:
         if workers > 1:
             with Pool(workers, initializer=_moses_init, initargs=init) as pool:
                 for tok in progress(pool.imap(_moses_line, lines, chunksize=256), desc):
@@ -331,7 +315,7 @@ def moses_clean(src_in, tgt_in, src_out, tgt_out, min_len=1, max_len=175, ratio=
     characters; whitespace is squeezed. Returns (pairs read, pairs kept)."""
     n_in = n_out = 0
     factored = None
-    with atomic_output(src_out) as fo, atomic_output(tgt_out) as eo:
+    with atomic_write(src_out) as fo, atomic_write(tgt_out) as eo:
         tgt_it = read_lines(tgt_in, quiet=True)
         for f in progress(read_lines(src_in, quiet=True), f"clean {os.path.basename(src_in)}"):
             n_in += 1
@@ -370,7 +354,7 @@ def learn_joint_bpe(paths, codes_path, merges, workers=1):
             shutil.copyfileobj(f, buf)
     buf.seek(0)
     log(f"learning {merges} BPE merges on {', '.join(os.path.basename(p) for p in paths)}")
-    with atomic_output(codes_path) as out:
+    with atomic_write(codes_path) as out:
         learn_bpe(buf, out, merges, num_workers=1)
 
 
@@ -392,7 +376,7 @@ def apply_bpe(codes_path, in_path, out_path, workers=1):
     """subword-nmt apply_bpe -c CODES < in > out ("@@ " continuation markers)."""
     lines = read_lines(in_path, quiet=True)
     desc = f"apply BPE {os.path.basename(out_path)}"
-    with atomic_output(out_path) as f:
+    with atomic_write(out_path) as f:
         if workers > 1:
             with Pool(workers, initializer=_bpe_init, initargs=(codes_path,)) as pool:
                 for out in progress(pool.imap(_bpe_line, (l + "\n" for l in lines), chunksize=256), desc):
@@ -414,30 +398,21 @@ def binarise(dest, splits, workers=1, source_lang=None, target_lang=None, joined
     from fairseq import options
     from fairseq_cli import preprocess as fairseq_preprocess
 
-    tmp = f"{dest}.tmp-{os.getpid()}"
-    if os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    args = ["--destdir", tmp, "--workers", str(workers)]
-    for split in ("train", "valid", "test"):
-        if splits.get(split):
-            args += [f"--{split}pref", splits[split]]
-    if only_source:
-        args.append("--only-source")
-    else:
-        args += ["--source-lang", source_lang, "--target-lang", target_lang]
-    if joined:
-        args.append("--joined-dictionary")
-    args += list(extra)
-    log("fairseq-preprocess " + " ".join(args))
-    try:
+    with atomic_path(dest) as tmp:
+        args = ["--destdir", tmp, "--workers", str(workers)]
+        for split in ("train", "valid", "test"):
+            if splits.get(split):
+                args += [f"--{split}pref", splits[split]]
+        if only_source:
+            args.append("--only-source")
+        else:
+            args += ["--source-lang", source_lang, "--target-lang", target_lang]
+        if joined:
+            args.append("--joined-dictionary")
+        args += list(extra)
+        log("fairseq-preprocess " + " ".join(args))
         fairseq_preprocess.main(options.get_preprocessing_parser().parse_args(args))
         check_binarised(tmp, splits, source_lang, target_lang, only_source)
-        if os.path.exists(dest):
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
     return dest
 
 
@@ -487,7 +462,7 @@ def binarise_translation(steps, out, bin_dir, codes, final, src, tgt, workers, d
 
 
 def write_summary(path, summary):
-    with atomic_output(path) as f:
+    with atomic_write(path) as f:
         json.dump(summary, f, indent=1)
     log(json.dumps(summary, indent=1))
 

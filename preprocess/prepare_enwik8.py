@@ -96,7 +96,7 @@ def main(argv=None):
         for s, n in zip(SPLITS, sizes):
             part = data[start:start + n]
             start += n
-            with common.atomic_output(text[s]) as f:
+            with common.atomic_write(text[s]) as f:
                 f.write(byte_tokens(part))
             log(f"wrote {text[s]} ({n:,} bytes, {part.count(10):,} newlines)")
 

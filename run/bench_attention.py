@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Micro-benchmark of one decoder self-attention module: fairseq's vanilla MultiheadAttention vs
-BirdEyeMultiheadAttention (bet_sf) on its fused (SDPA) and exact paths.
+the bet_fairseq variants (bet_sf on its fused (SDPA) and exact paths, diag_free, any other by --modes).
 
     python run/bench_attention.py --embed 512 --heads 4 --tgt 25 --batch 160 --reps 20
 
@@ -23,7 +23,10 @@ def future_mask(n):
 
 
 def main(argv=None):
-    from bet_fairseq.modules import BirdEyeMultiheadAttention
+    import bet_fairseq
+
+    bet_fairseq.register()
+    from bet_fairseq.attention import VARIANTS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--embed", type=int, default=512)
@@ -33,16 +36,20 @@ def main(argv=None):
     p.add_argument("--beam-batch", type=int, default=80, help="hypotheses in incremental decoding")
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--modes", default="", help="comma-separated further --self-attn-mode names to time")
     args = p.parse_args(argv)
     E, H, T, B = args.embed, args.heads, args.tgt, args.batch
     torch.manual_seed(0)
+    variant = lambda name: VARIANTS[name](E, H, dropout=args.dropout)  # noqa: E731
     modules = {
         "vanilla (fairseq)": MultiheadAttention(E, H, dropout=args.dropout, self_attention=True),
-        "bet_sf default (exact on CPU up to 128 keys)": BirdEyeMultiheadAttention(E, H, dropout=args.dropout, mode="bet_sf"),
-        "bet_sf SDPA forced": BirdEyeMultiheadAttention(E, H, dropout=args.dropout, mode="bet_sf"),
-        "bet_sf exact": BirdEyeMultiheadAttention(E, H, dropout=args.dropout, mode="bet_sf"),
-        "diag_free fused": BirdEyeMultiheadAttention(E, H, dropout=args.dropout, mode="diag_free"),
+        "bet_sf default (exact on CPU up to 128 keys)": variant("bet_sf"),
+        "bet_sf SDPA forced": variant("bet_sf"),
+        "bet_sf exact": variant("bet_sf"),
+        "diag_free fused": variant("diag_free"),
     }
+    for name in filter(None, args.modes.split(",")):
+        modules[name] = variant(name)
     modules["bet_sf exact"].use_fused_attention = False
     modules["bet_sf SDPA forced"].cpu_exact_max_keys = 0
     x = torch.randn(T, B, E, requires_grad=True)

@@ -6,8 +6,8 @@ and the peak memory of a training step.
     python run/bench_speed.py --size small --data DATA-BIN      # real batches from a data-bin dir
 
 Both models are built through fairseq's task/model/criterion builders with the IWSLT14 recipe's
-options (Adam (0.9, 0.98), inverse_sqrt, label-smoothed cross-entropy 0.1, dropout 0.3, shared
-decoder embeddings) and measured on the SAME batches, alternating model order every repetition:
+options (``bet_fairseq/recipes.py``: Adam (0.9, 0.98), inverse_sqrt, label-smoothed cross-entropy 0.1,
+dropout 0.3, shared decoder embeddings) and measured on the SAME batches, alternating model order every repetition:
 
 (a) training: ``fairseq.trainer.Trainer.train_step`` (forward, backward, optimizer step, what
     fairseq-train runs), target tokens per second = fairseq-train's ``wps``;
@@ -21,8 +21,8 @@ decoder embeddings) and measured on the SAME batches, alternating model order ev
     through ``/proc/self/clear_refs``) minus the resident set before them: activations, gradients
     and optimizer state beyond the weights (``ru_maxrss`` where /proc is missing).
 
-Prints a Markdown table (medians over the repetitions; ratio = BET / vanilla) and the targets of
-issue 7; ``--json FILE`` writes every repetition's figures too.
+Prints a Markdown table (medians over the repetitions; ratio = BET / vanilla) and the speed targets
+(``TARGETS``); ``--json FILE`` writes every repetition's figures too.
 """
 
 import argparse
@@ -41,13 +41,10 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "bet_fairseq")
+sys.path.insert(0, ROOT)
 
-RECIPE = (
-    "--task translation --share-decoder-input-output-embed --optimizer adam --adam-betas (0.9,0.98) "
-    "--clip-norm 0.0 --lr 5e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 --dropout 0.3 "
-    "--weight-decay 0.0001 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 "
-    "--seed 1 --num-workers 0 --log-format none"
-).split()
+from bet_fairseq import recipes  # noqa: E402  (the flags: recipes.BENCH_TRAIN, the IWSLT14 recipe)
+from bet_fairseq.files import atomic_write  # noqa: E402
 
 # size -> architecture overrides, joint vocabulary of the synthetic data, tokens per batch,
 # sentences per generation batch, training / generation batches per repetition.
@@ -55,18 +52,12 @@ SIZES = {
     # transformer_iwslt_de_en as it is: 6+6 layers, 512 dim, 4 heads, FFN 1024; ~10k joint BPE.
     # Batches of 2048 tokens (the recipe uses 4096 per GPU) keep a CPU run in minutes; the
     # attention's share of the cost depends on the sentence length, not on the batch size.
-    "iwslt": dict(overrides=[], vocab=10000, max_tokens=2048, gen_sentences=16, train_batches=2, gen_batches=2),
+    "iwslt": dict(overrides={}, vocab=10000, max_tokens=2048, gen_sentences=16, train_batches=2, gen_batches=2),
     # a CI-sized model: 3+3 layers, 256 dim, 4 heads, FFN 512.
-    "small": dict(
-        overrides=(
-            "--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256 "
-            "--encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 --encoder-attention-heads 4 "
-            "--decoder-attention-heads 4"
-        ).split(),
-        vocab=4000, max_tokens=2048, gen_sentences=16, train_batches=3, gen_batches=2,
-    ),
+    "small": dict(overrides=recipes.BENCH_SMALL, vocab=4000, max_tokens=2048, gen_sentences=16, train_batches=3,
+                  gen_batches=2),
 }
-VANILLA, BET = "transformer_iwslt_de_en", "bet_sf_iwslt"
+(_, VANILLA), (_, BET) = recipes.SIDE_BY_SIDE
 TARGETS = {"train": 0.85, "generate": 0.85, "memory": 1.2}
 
 
@@ -85,11 +76,13 @@ def build(arch, data_dir, size, device, src="de", tgt="en", max_tokens=None):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
-    argv = [data_dir, "--user-dir", USER_DIR, "--arch", arch, *RECIPE, "--source-lang", src,
-            "--target-lang", tgt, "--max-tokens", str(max_tokens or SIZES[size]["max_tokens"]),
-            *SIZES[size]["overrides"]]
-    if device == "cpu":
-        argv.append("--cpu")
+    import bet_fairseq
+
+    bet_fairseq.register()  # --user-dir skips a package already imported (for recipes, above): register here
+    flags = recipes.merge(recipes.BENCH_TRAIN, SIZES[size]["overrides"], {
+        "--source-lang": src, "--target-lang": tgt, "--max-tokens": max_tokens or SIZES[size]["max_tokens"],
+        "--cpu": device == "cpu"})
+    argv = [data_dir, "--user-dir", USER_DIR, "--arch", arch, *recipes.to_argv(flags)]
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, argv)
     cfg = convert_namespace_to_omegaconf(args)
@@ -379,12 +372,10 @@ def main(argv=None):
     text, med, verdict = table(info, results)
     print(text)
     if args.json:
-        tmp = args.json + ".tmp"
         ratios = {k: med[BET][k] / med[VANILLA][k] for k in ("train", "generate")}
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_write(args.json) as f:
             json.dump(dict(info=info, results=results, medians=med, median_ratios=ratios, targets=TARGETS,
                            met=verdict), f, indent=2)
-        os.replace(tmp, args.json)
 
 
 if __name__ == "__main__":

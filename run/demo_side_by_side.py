@@ -3,35 +3,37 @@
 
 A few minutes on a laptop CPU. The two models share data, sizes, seed and schedule; only the
 decoder self-attention differs (``--arch bet_sf_iwslt`` vs fairseq's ``transformer_iwslt_de_en``,
-both shrunk to the same tiny sizes). Everything goes through fairseq's real command-line tools.
+both shrunk to the same tiny sizes). Data preparation is preprocess/common.py's (Moses, joint BPE,
+fairseq-preprocess); training and scoring run fairseq-train and fairseq-generate.
 
   python run/demo_side_by_side.py                       # downloads Multi30k (needs a network)
   python run/demo_side_by_side.py --data-dir DIR        # DIR holds {train,val,test_2016_flickr}.{de,en}[.gz]
 
-Each step is skipped when its output already exists in --work-dir, so an interrupted run resumes.
+Each step is skipped when it already finished in --work-dir with the same inputs and settings, so an
+interrupted run resumes (data steps: preprocess/common.py's markers in WORK_DIR/.done; a changed
+--max-train, --max-eval or --bpe-merges redoes them and retrains). Flags: bet_fairseq/recipes.py.
 """
 
 import argparse
-import gzip
-import io
+import glob
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from bet_fairseq import recipes  # noqa: E402
+from bet_fairseq.files import atomic_write  # noqa: E402
+from preprocess import common  # noqa: E402
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{name}.{lang}.gz"
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
-USER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bet_fairseq")
-TINY = (
-    "--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 128 --decoder-embed-dim 128 "
-    "--encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 --encoder-attention-heads 4 "
-    "--decoder-attention-heads 4"
-).split()
-MODELS = (("vanilla", "transformer_iwslt_de_en"), ("bet_sf", "bet_sf_iwslt"))
+LANGS = ("de", "en")
+USER_DIR = os.path.join(ROOT, "bet_fairseq")
 
 
 def log(msg):
@@ -51,82 +53,58 @@ def find_raw(data_dir, name, lang):
     return None
 
 
-def read_lines(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
-
-
 def download(raw_dir):
-    os.makedirs(raw_dir, exist_ok=True)
     for name in SPLITS.values():
-        for lang in ("de", "en"):
-            dst = os.path.join(raw_dir, f"{name}.{lang}.gz")
-            if os.path.exists(dst):
-                continue
+        for lang in LANGS:
             url = MULTI30K_URL.format(name=name, lang=lang)
-            log(f"downloading {url}")
             try:
-                with urllib.request.urlopen(url, timeout=60) as r, open(dst + ".part", "wb") as f:
-                    shutil.copyfileobj(r, f)
-            except OSError as e:
-                fail(f"cannot download {url} ({e}); without a network pass --data-dir with a local copy")
-            os.replace(dst + ".part", dst)
+                common.download(url, os.path.join(raw_dir, f"{name}.{lang}.gz"),
+                                offline_hint="pass --data-dir with a local copy of multi30k/dataset data/task1/raw")
+            except common.PrepareError as e:
+                fail(e.message)
     return raw_dir
 
 
-def write_atomic(path, lines):
-    with open(path + ".part", "w", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
-    os.replace(path + ".part", path)
-
-
-def tokenise(data_dir, tok_dir, max_train, max_eval=0):
-    """Moses tokenisation + lowercasing (as the IWSLT recipe); train / test capped when asked."""
-    from sacremoses import MosesTokenizer
-
-    os.makedirs(tok_dir, exist_ok=True)
+def tokenise(steps, data_dir, tok_dir, max_train, max_eval=0):
+    """Moses tokenisation of lowercased text (escaping off); train / valid and test capped when asked."""
     for split, name in SPLITS.items():
-        paths = {lang: find_raw(data_dir, name, lang) for lang in ("de", "en")}
+        paths = {lang: find_raw(data_dir, name, lang) for lang in LANGS}
         for lang, path in paths.items():
             if path is None:
                 fail(f"missing {name}.{lang} (or {name}.{lang}.gz) in {data_dir}")
-        outs = {lang: os.path.join(tok_dir, f"{split}.{lang}") for lang in paths}
-        if all(os.path.exists(p) for p in outs.values()):
-            continue
-        texts = {lang: read_lines(p) for lang, p in paths.items()}
-        if len(texts["de"]) != len(texts["en"]):
-            fail(f"{paths['de']} has {len(texts['de'])} lines but {paths['en']} has {len(texts['en'])}")
-        for lang in ("de", "en"):
-            for i, line in enumerate(texts[lang], 1):
-                if not line.strip():
-                    fail(f"{paths[lang]} line {i} is empty (a misaligned or truncated file?)")
+        outs = {lang: os.path.join(tok_dir, f"{split}.{lang}") for lang in LANGS}
         cap = max_train if split == "train" else max_eval
-        if cap:
-            texts = {lang: t[:cap] for lang, t in texts.items()}
-        for lang, lines in texts.items():
-            mt = MosesTokenizer(lang=lang)
-            write_atomic(outs[lang], [mt.tokenize(x.lower(), escape=False, return_str=True) for x in lines])
+
+        def tokenise_split(paths=paths, outs=outs, cap=cap):
+            common.check_parallel(paths["de"], paths["en"])
+            for lang in LANGS:
+                lines = list(common.read_lines(paths[lang], require_final_newline=False, quiet=True))
+                for i, line in enumerate(lines, 1):
+                    if not line.strip():
+                        fail(f"{paths[lang]} line {i} is empty (a misaligned or truncated file?)")
+                kept = lines[:cap] if cap else lines
+                common.moses_tokenize((x.lower() for x in kept), lang, outs[lang], escape=False)
+
+        steps.run(f"tokenise-{split}", list(paths.values()), list(outs.values()), tokenise_split, {"max_lines": cap})
 
 
-def learn_and_apply_bpe(tok_dir, bpe_dir, merges):
-    from subword_nmt.apply_bpe import BPE
-    from subword_nmt.learn_bpe import learn_bpe
-
-    os.makedirs(bpe_dir, exist_ok=True)
+def learn_and_apply_bpe(steps, tok_dir, bpe_dir, merges):
+    """Joint BPE (subword-nmt) learnt on train.de + train.en, applied to every split."""
     codes = os.path.join(bpe_dir, "codes")
-    if not os.path.exists(codes):
-        joint = [line for lang in ("de", "en") for line in read_lines(os.path.join(tok_dir, f"train.{lang}"))]
-        out = io.StringIO()
-        learn_bpe(io.StringIO("\n".join(joint) + "\n"), out, merges, min_frequency=2)
-        write_atomic(codes, out.getvalue().rstrip("\n").split("\n"))
-    with open(codes, encoding="utf-8") as f:
-        bpe = BPE(f)
+    train = [os.path.join(tok_dir, f"train.{lang}") for lang in LANGS]
+    steps.run("bpe-codes", train, [codes], lambda: common.learn_joint_bpe(train, codes, merges), {"merges": merges})
     for split in SPLITS:
-        for lang in ("de", "en"):
-            dst = os.path.join(bpe_dir, f"{split}.{lang}")
-            if not os.path.exists(dst):
-                write_atomic(dst, [bpe.process_line(x) for x in read_lines(os.path.join(tok_dir, f"{split}.{lang}"))])
+        pairs = [(os.path.join(tok_dir, f"{split}.{lang}"), os.path.join(bpe_dir, f"{split}.{lang}")) for lang in LANGS]
+        steps.run(f"bpe-{split}", [codes] + [src for src, _ in pairs], [dst for _, dst in pairs],
+                  lambda pairs=pairs: [common.apply_bpe(codes, src, dst) for src, dst in pairs])
+
+
+def binarise(steps, bpe_dir, bin_dir):
+    prefixes = {split: os.path.join(bpe_dir, split) for split in SPLITS}
+    texts = [f"{prefix}.{lang}" for prefix in prefixes.values() for lang in LANGS]
+    steps.run("binarise", texts, [os.path.join(bin_dir, "test.de-en.en.idx")],
+              lambda: common.binarise(bin_dir, prefixes, min(4, os.cpu_count() or 1), "de", "en", joined=True),
+              {"bin_dir": bin_dir})
 
 
 def run(cmd, log_path=None):
@@ -134,24 +112,20 @@ def run(cmd, log_path=None):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=env)
     if log_path:
-        with open(log_path, "w", encoding="utf-8") as f:
+        with atomic_write(log_path) as f:
             f.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         fail(f"{cmd[0]} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc.stdout + proc.stderr
 
 
-def binarise(bpe_dir, bin_dir):
-    if os.path.exists(os.path.join(bin_dir, "test.de-en.en.idx")):
-        return
-    if os.path.isdir(bin_dir):
-        shutil.rmtree(bin_dir)  # a half-finished earlier attempt
-    run(["fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
-         "--trainpref", f"{bpe_dir}/train", "--validpref", f"{bpe_dir}/valid", "--testpref", f"{bpe_dir}/test",
-         "--destdir", bin_dir, "--joined-dictionary", "--workers", str(min(4, os.cpu_count() or 1))])
+def save_json(path, value, **kwargs):
+    with atomic_write(path) as f:
+        json.dump(value, f, **kwargs)
 
 
 def train_and_score(args, bin_dir, name, arch):
+    """Train (unless a finished training newer than the data exists) and score with fairseq-generate."""
     save = os.path.join(args.work_dir, "checkpoints", name)
     ckpt = os.path.join(save, "checkpoint_last.pt")
     gen_log = os.path.join(save, "generate.log")
@@ -159,27 +133,30 @@ def train_and_score(args, bin_dir, name, arch):
     os.makedirs(save, exist_ok=True)
     timing = {}
     if os.path.exists(timing_path):
-        with open(timing_path) as f:
+        with open(timing_path, encoding="utf-8") as f:
             timing = json.load(f)
-    if not os.path.exists(ckpt) or args.retrain:
+    data_time = os.path.getmtime(os.path.join(bin_dir, "dict.en.txt"))
+    stale = os.path.exists(ckpt) and os.path.getmtime(ckpt) < data_time  # made before the data was remade
+    if args.retrain or stale or not (os.path.exists(ckpt) and "train_seconds" in timing):
+        if args.retrain or stale:
+            for old in glob.glob(os.path.join(save, "checkpoint*.pt")):
+                os.remove(old)  # else fairseq-train resumes from checkpoint_last.pt
+        timing = {}
+        save_json(timing_path, timing)  # an interrupted training resumes, but never counts as finished
+        flags = recipes.merge(recipes.DEMO_TRAIN, {"--lr": args.lr, "--warmup-updates": args.warmup,
+                                                   "--max-tokens": args.max_tokens, "--max-update": args.max_update,
+                                                   "--seed": args.seed})
         started = time.time()
-        run(["fairseq-train", bin_dir, "--user-dir", USER_DIR, "--arch", arch, *TINY,
-             "--share-decoder-input-output-embed", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
-             "--lr", args.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", args.warmup,
-             "--dropout", "0.1", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-             "--max-tokens", args.max_tokens, "--max-update", args.max_update, "--seed", args.seed,
-             "--save-dir", save, "--no-epoch-checkpoints",
-             "--log-format", "simple", "--log-interval", "50", "--no-progress-bar", "--cpu",
-             "--num-workers", "0"], log_path=os.path.join(save, "train.log"))
+        run(["fairseq-train", bin_dir, "--user-dir", USER_DIR, "--arch", arch, "--save-dir", save,
+             *recipes.to_argv(flags)], log_path=os.path.join(save, "train.log"))
         timing["train_seconds"] = round(time.time() - started, 1)
+        save_json(timing_path, timing)
     if not (os.path.exists(gen_log) and os.path.getmtime(gen_log) > os.path.getmtime(ckpt)):
         started = time.time()
-        run(["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--path", ckpt, "--gen-subset", "test",
-             "--beam", "5", "--batch-size", "128", "--remove-bpe", "--cpu", "--max-len-a", "1.2",
-             "--max-len-b", "10"], log_path=gen_log)
+        run(["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--path", ckpt, *recipes.to_argv(recipes.DEMO_EVAL)],
+            log_path=gen_log)
         timing["generate_seconds"] = round(time.time() - started, 1)
-    with open(timing_path, "w") as f:
-        json.dump(timing, f)
+        save_json(timing_path, timing)
     with open(gen_log, encoding="utf-8") as f:
         match = re.search(r"BLEU4 = ([\d.]+)", f.read())
     if not match:
@@ -196,11 +173,12 @@ def main(argv=None):
     p.add_argument("--max-eval", type=int, default=0,
                    help="use only the first N valid and test pairs (0: all 1,014 / 1,000)")
     p.add_argument("--bpe-merges", type=int, default=4000)
-    p.add_argument("--max-update", type=int, default=500)
-    p.add_argument("--max-tokens", type=int, default=4096)
-    p.add_argument("--lr", default="0.002")
-    p.add_argument("--warmup", default="400")
-    p.add_argument("--seed", default="1")
+    train = recipes.DEMO_TRAIN  # the defaults below come from bet_fairseq/recipes.py
+    p.add_argument("--max-update", type=int, default=train["--max-update"])
+    p.add_argument("--max-tokens", type=int, default=train["--max-tokens"])
+    p.add_argument("--lr", type=float, default=train["--lr"])
+    p.add_argument("--warmup", type=int, default=train["--warmup-updates"])
+    p.add_argument("--seed", type=int, default=train["--seed"])
     p.add_argument("--retrain", action="store_true", help="train again even if checkpoints exist")
     args = p.parse_args(argv)
 
@@ -208,11 +186,13 @@ def main(argv=None):
     data_dir = args.data_dir or download(os.path.join(args.work_dir, "raw"))
     if not os.path.isdir(data_dir):
         fail(f"--data-dir {data_dir} is not a folder")
-    tokenise(data_dir, os.path.join(args.work_dir, "tok"), args.max_train, args.max_eval)
-    learn_and_apply_bpe(os.path.join(args.work_dir, "tok"), os.path.join(args.work_dir, "bpe"), args.bpe_merges)
+    steps = common.Steps(args.work_dir)  # skips a step whose inputs and settings are unchanged
+    tok_dir, bpe_dir = os.path.join(args.work_dir, "tok"), os.path.join(args.work_dir, "bpe")
+    tokenise(steps, data_dir, tok_dir, args.max_train, args.max_eval)
+    learn_and_apply_bpe(steps, tok_dir, bpe_dir, args.bpe_merges)
     bin_dir = os.path.join(args.work_dir, "data-bin")
-    binarise(os.path.join(args.work_dir, "bpe"), bin_dir)
-    results = [train_and_score(args, bin_dir, name, arch) for name, arch in MODELS]
+    binarise(steps, bpe_dir, bin_dir)
+    results = [train_and_score(args, bin_dir, name, arch) for name, arch in recipes.SIDE_BY_SIDE]
     total = time.time() - started
 
     print("\n| model | --arch | test BLEU (beam 5) | train s | generate s |")
@@ -222,8 +202,8 @@ def main(argv=None):
     n_test = args.max_eval or "all"
     print(f"\nMulti30k De->En test_2016_flickr ({n_test} sentences), {args.max_update} updates each, "
           f"total {total:.0f} s")
-    with open(os.path.join(args.work_dir, "results.json"), "w") as f:
-        json.dump(dict(results=results, total_seconds=round(total, 1), args=vars(args)), f, indent=2)
+    save_json(os.path.join(args.work_dir, "results.json"),
+              dict(results=results, total_seconds=round(total, 1), args=vars(args)), indent=2)
     return results
 
 

@@ -1,10 +1,15 @@
 """Helpers for end-to-end tests through fairseq's real command-line entry points.
 
 Small real data: the first lines of ../shared/data (Multi30k German-English, WikiText-2), binarised
-with fairseq-preprocess into a temporary folder. Tiny models: every architecture's sizes are
-overridden by ``TINY_*`` flags (fairseq architectures only fill options that are not given).
+with fairseq-preprocess into a temporary folder (``session_corpus``: once per pytest session). Tiny
+models: every architecture's sizes are overridden by ``TINY_*`` flags (fairseq architectures only fill
+options that are not given). In process: a command's ``cli_main`` (``cli_in_process``), what
+fairseq-generate prints (``generate_in_process``), what fairseq-eval-lm computes
+(``eval_lm_in_process``), and the model fairseq-train builds for a command line (``build_model``).
 """
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -26,6 +31,23 @@ COMMON_TRAIN = (
     "--optimizer adam --lr 0.002 --cpu --no-epoch-checkpoints --log-format simple --log-interval 1 "
     "--no-progress-bar --seed 1 --num-workers 0"
 ).split()
+
+# One short training run of each kind (add --arch and the rest): tiny sizes, in-process friendly.
+MT_TRAIN = [*TINY_TRANSLATION, *COMMON_TRAIN, "--max-tokens", "1500", "--criterion", "label_smoothed_cross_entropy",
+            "--label-smoothing", "0.1"]
+LM_TRAIN = ["--task", "language_modeling", *TINY_LM, *COMMON_TRAIN, "--tokens-per-sample", "64", "--max-tokens", "1024"]
+# Options under which each variant's own rule bites on the tests' short sequences (other variants: defaults).
+VARIANT_FLAGS = {
+    "diag_scale": ["--diag-scale", "0.2"],
+    "sparse_topk": ["--sparse-topk", "2"],
+    "hopfield": ["--hopfield-steps", "2"],
+    "routing": ["--routing-clusters", "3", "--routing-window", "2"],
+}
+
+
+def variant_flags(variant):
+    """``--self-attn-mode NAME`` and the variant's VARIANT_FLAGS."""
+    return ["--self-attn-mode", variant, *VARIANT_FLAGS.get(variant, [])]
 
 
 def require_shared(*parts):
@@ -60,6 +82,62 @@ def cli_in_process(module, argv):
         sys.argv = old
         if hasattr(checkpoint_utils.save_checkpoint, "best"):
             del checkpoint_utils.save_checkpoint.best
+
+
+def train_in_process(data, save_dir, *flags, updates=3):
+    """fairseq-train's real ``cli_main`` in this process (``flags``: --arch, MT_TRAIN or LM_TRAIN, ...) for
+    ``updates`` updates; returns the path of checkpoint_last.pt."""
+    from fairseq_cli import train
+
+    cli_in_process(train, [data, "--user-dir", USER_DIR, *flags, "--max-update", updates, "--save-dir", save_dir])
+    return os.path.join(str(save_dir), "checkpoint_last.pt")
+
+
+# In process, no data loader workers: each would fork this process, and its shutdown waits up to 5 s.
+NO_WORKERS = ["--num-workers", "0"]
+
+
+def generate_in_process(argv):
+    """fairseq-generate's real ``cli_main`` in this process; returns what it prints (S-/H- lines, BLEU)."""
+    from fairseq_cli import generate
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli_in_process(generate, [*argv, *NO_WORKERS])
+    return out.getvalue()
+
+
+def eval_lm_in_process(argv):
+    """fairseq-eval-lm's ``main`` in this process on ``argv`` as its parser reads it; returns its result
+    (``loss``, ``perplexity``)."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import eval_lm
+
+    args = options.parse_args_and_arch(options.get_eval_lm_parser(), list(map(str, [*argv, *NO_WORKERS])))
+    return eval_lm.main(convert_namespace_to_omegaconf(args))
+
+
+def toy_dictionaries(folder, n=50):
+    """dict.txt, dict.de.txt and dict.en.txt of ``n`` words: all a task needs to build a model."""
+    for name in ("dict.txt", "dict.de.txt", "dict.en.txt"):
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            f.writelines(f"w{i} {100 + n - i}\n" for i in range(n))
+    return str(folder)
+
+
+def build_model(argv):
+    """(model, task, args): the model fairseq-train builds for ``argv`` (data folder first), parsed by its
+    parser and built by its task, with random weights (from the parsed namespace: no hydra round trip)."""
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), list(map(str, argv)))
+    task = tasks.setup_task(args)
+    return task.build_model(args), task, args
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
 
 
 def head(src, dst, n):
@@ -101,3 +179,15 @@ def binarise_wikitext2(workdir, n_train=400, n_valid=60, n_test=60):
     cli("fairseq-preprocess", "--only-source", "--trainpref", f"{raw}/train.txt",
         "--validpref", f"{raw}/valid.txt", "--testpref", f"{raw}/test.txt", "--destdir", dest, "--workers", "1")
     return dest
+
+
+def session_corpus(tmp_path_factory, binarise, **sizes):
+    """``binarise(folder, **sizes)`` (``binarise_multi30k``, ``binarise_wikitext2``) once per pytest
+    session: test modules that ask for the same corpus share one binarised copy (read only)."""
+    folder = tmp_path_factory.getbasetemp() / "corpora" / "-".join(
+        [binarise.__name__, *(f"{k}{v}" for k, v in sorted(sizes.items()))])
+    done = folder / "done"
+    if not done.exists():
+        dest = binarise(str(folder), **sizes)
+        done.write_text(dest)
+    return done.read_text()

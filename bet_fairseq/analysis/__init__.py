@@ -1,4 +1,4 @@
-"""Decoder self-attention analysis (BET_SPEC section 4: Table 1 statistics, Table 3 top-k tokens,
+"""Decoder self-attention analysis (the paper's Table 1 statistics, Table 3 top-k tokens,
 heatmaps and bar plots), behind the ``bet-analyze`` console command.
 
 Nothing here is imported when the plugin is loaded (``import bet_fairseq``); matplotlib is

@@ -1,17 +1,25 @@
-"""Table 1 statistics of decoder self-attention (BET_SPEC section 4), accumulated in a stream.
+"""Table 1 statistics of decoder self-attention (the paper's Table 1), accumulated in a stream.
 
-Per decoder layer, over every sentence, head and row of the causal self-attention matrix:
+Per decoder layer, over every sentence and row of the causal self-attention matrix:
 
 ``CA``        mean diagonal weight ``A[i, i]``;
 ``HA(mean)``  mean of the strictly-lower-triangular weights ``A[i, j]``, ``j < i`` ("historical tokens");
 ``HA(std)``   their population standard deviation (ddof = 0);
 ``Ratio``     ``CA / HA(mean)``.
 
+Defaults are the paper's definitions (compare with Table 1 under these):
+
+``ca_rows="all"``        CA is the mean of ALL diagonal weights, row 0 included. Row 0 (a sequence's
+                         first real position) can only attend to itself (weight 1 in every mode);
+                         ``"skip-first"`` leaves it out of CA. HA does not depend on the choice.
+``ha_over="head-mean"``  the statistics are taken over the entries of the head-averaged matrix (the
+                         attention matrix as fairseq reports it: mean over heads first); ``"heads"``
+                         takes them over every head's own entries. HA(mean) and CA are the same either
+                         way (a mean is linear); HA(std) differs.
+
 Padding is excluded: a row counts only when its query is a real token, an entry only when query and
 key are both real tokens. Rows are numbered from a sequence's first real token, so "row 0" is the
-first real decoder input (the ``</s>`` that starts a target in translation). Row 0 can only attend to
-itself (weight 1 in every mode), so by default it is left out of CA (``include_first_row=False``); it
-has no historical entries, so HA does not depend on the choice.
+first real decoder input (the ``</s>`` that starts a target in translation).
 
 Only sums, sums of squares and counts (float64) are kept per layer, so memory does not grow with
 the split.
@@ -28,6 +36,41 @@ MATRIX_TITLES = {
     "final": "A' (BET(SF) final attention, the one the layer uses)",
     "first_pass": "A (BET(SF) first pass)",
 }
+
+
+CA_ROWS = ("all", "skip-first")
+HA_OVER = ("head-mean", "heads")
+CA_ROWS_TEXT = {
+    "all": "CA = mean of all diagonal weights, row 0 included (the paper's definition)",
+    "skip-first": "CA = mean of the diagonal weights, row 0 excluded (not the paper's definition)",
+}
+HA_OVER_TEXT = {
+    "head-mean": "CA, HA(mean), HA(std) over the entries of the head-averaged matrix "
+                 "(fairseq's attention; the paper's definition)",
+    "heads": "CA, HA(mean), HA(std) over every head's own entries (not the paper's definition)",
+}
+
+
+def check_definition(ca_rows: str, ha_over: str, include_first_row: Optional[bool] = None):
+    """``(ca_rows, ha_over)`` validated; ``include_first_row`` (the old switch), when given, sets ``ca_rows``."""
+    if include_first_row is not None:
+        ca_rows = "all" if include_first_row else "skip-first"
+    if ca_rows not in CA_ROWS:
+        raise ValueError(f"ca_rows must be one of {CA_ROWS}, got {ca_rows!r}")
+    if ha_over not in HA_OVER:
+        raise ValueError(f"ha_over must be one of {HA_OVER}, got {ha_over!r}")
+    return ca_rows, ha_over
+
+
+def definition_text(ca_rows: str = "all", ha_over: str = "head-mean") -> str:
+    """The one line that says which definitions a table uses."""
+    return f"Definitions: {CA_ROWS_TEXT[ca_rows]}; {HA_OVER_TEXT[ha_over]}."
+
+
+def definition_fields(ca_rows: str = "all", ha_over: str = "head-mean") -> Dict[str, object]:
+    """The JSON fields naming the definitions (``include_first_row`` kept for older readers)."""
+    return {"ca_rows": ca_rows, "ha_over": ha_over, "include_first_row": ca_rows == "all",
+            "definition": definition_text(ca_rows, ha_over)}
 
 
 def matrix_titles(matrices) -> Dict[str, str]:
@@ -65,12 +108,16 @@ class LayerSums:
                 "diag_count": self.diag_count, "hist_count": self.hist_count}
 
 
-def batch_sums(probs: torch.Tensor, valid: torch.Tensor, include_first_row: bool = False) -> LayerSums:
+def batch_sums(probs: torch.Tensor, valid: torch.Tensor, ca_rows: str = "all", ha_over: str = "head-mean",
+               include_first_row: Optional[bool] = None) -> LayerSums:
     """Sums of one batch of attention matrices.
 
     probs: ``(B, H, T, T)`` causal self-attention of a full (teacher-forced) sequence.
     valid: ``(B, T)`` boolean, True at real (non-padding) tokens.
+    ca_rows / ha_over: the definitions (module docstring); counts are entries of the matrix used
+    (the head-averaged one, or every head's).
     """
+    ca_rows, ha_over = check_definition(ca_rows, ha_over, include_first_row)
     if probs.dim() != 4 or probs.size(-1) != probs.size(-2):
         raise ValueError(f"expected (batch, heads, T, T) attention, got shape {tuple(probs.shape)}")
     bsz, heads, tgt, _ = probs.shape
@@ -78,9 +125,12 @@ def batch_sums(probs: torch.Tensor, valid: torch.Tensor, include_first_row: bool
         raise ValueError(f"valid mask shape {tuple(valid.shape)} does not match attention {tuple(probs.shape)}")
     valid = valid.to(device=probs.device, dtype=torch.bool)
     p = probs.detach().double()
+    if ha_over == "head-mean":
+        p = p.mean(dim=1, keepdim=True)  # fairseq's head-averaged matrix, as one "head"
+        heads = 1
     # Row numbers from each sequence's first real token (left or right padding alike).
     row = valid.long().cumsum(dim=1) - 1
-    rows = valid if include_first_row else valid & (row > 0)
+    rows = valid if ca_rows == "all" else valid & (row > 0)
     diag = torch.diagonal(p, dim1=-2, dim2=-1)  # (B, H, T)
     # torch.where rather than multiplication: rows of padding may hold NaN (no visible key).
     diag_sum = torch.where(rows.unsqueeze(1), diag, 0.0).sum()
@@ -99,9 +149,10 @@ def batch_sums(probs: torch.Tensor, valid: torch.Tensor, include_first_row: bool
 class AttentionStatsAccumulator:
     """Running Table 1 sums per matrix kind (``final`` / ``first_pass``) and decoder layer."""
 
-    def __init__(self, num_layers: int, include_first_row: bool = False):
+    def __init__(self, num_layers: int, ca_rows: str = "all", ha_over: str = "head-mean",
+                 include_first_row: Optional[bool] = None):
         self.num_layers = num_layers
-        self.include_first_row = include_first_row
+        self.ca_rows, self.ha_over = check_definition(ca_rows, ha_over, include_first_row)
         self.sums: Dict[str, List[Optional[LayerSums]]] = {m: [None] * num_layers for m in MATRICES}
         self.sentences = 0
         self.tokens = 0
@@ -109,13 +160,13 @@ class AttentionStatsAccumulator:
     def add(self, matrix: str, layer: int, probs: torch.Tensor, valid: torch.Tensor):
         if matrix not in self.sums:
             raise ValueError(f"unknown matrix {matrix!r}; one of {MATRICES}")
-        part = batch_sums(probs, valid, self.include_first_row)
+        part = batch_sums(probs, valid, self.ca_rows, self.ha_over)
         if self.sums[matrix][layer] is None:
             self.sums[matrix][layer] = LayerSums()
         self.sums[matrix][layer].add(part)
 
     def add_attentions(self, attentions, valid: torch.Tensor):
-        """Add what each capturing ``BirdEyeMultiheadAttention`` stored in its last forward."""
+        """Add what each capturing ``SelfAttentionVariant`` stored in its last forward."""
         for layer, attn in enumerate(attentions):
             if attn.captured_attention is None:
                 raise RuntimeError(f"decoder layer {layer + 1} captured no attention")
@@ -124,6 +175,10 @@ class AttentionStatsAccumulator:
                 self.add("first_pass", layer, attn.captured_first_pass, valid)
         self.sentences += int(valid.size(0))
         self.tokens += int(valid.sum())
+
+    def definition(self) -> Dict[str, object]:
+        """JSON fields naming the definitions used (``ca_rows``, ``ha_over``, ``definition``)."""
+        return definition_fields(self.ca_rows, self.ha_over)
 
     def result(self) -> Dict[str, List[Optional[Dict[str, float]]]]:
         out = {}
@@ -162,18 +217,21 @@ def run_teacher_forced(model, net_input):
 
 
 @torch.no_grad()
-def collect_attention_stats(model, attentions, batches: Iterable, pad_idx: int, include_first_row: bool = False,
-                            device=None, progress=None) -> AttentionStatsAccumulator:
+def collect_attention_stats(model, attentions, batches: Iterable, pad_idx: int,
+                            include_first_row: Optional[bool] = None, device=None, progress=None,
+                            ca_rows: str = "all", ha_over: str = "head-mean") -> AttentionStatsAccumulator:
     """Teacher-force ``model`` over ``batches`` (fairseq samples) and accumulate Table 1 sums.
 
     ``attentions``: the decoder self-attention modules (``capture.decoder_self_attentions``); capture
     is switched on for the duration. ``progress``: an optional callable wrapping the iterable (tqdm).
+    ``ca_rows`` / ``ha_over``: the definitions (default: the paper's); ``include_first_row``, when
+    given, sets ``ca_rows`` (the old switch).
     """
     from .capture import capturing
 
     was_training = model.training
     model.eval()
-    acc = AttentionStatsAccumulator(len(attentions), include_first_row)
+    acc = AttentionStatsAccumulator(len(attentions), ca_rows, ha_over, include_first_row)
     iterable = progress(batches) if progress is not None else batches
     try:
         with capturing(attentions):
@@ -210,8 +268,10 @@ def _fmt(value, digits):
     return f"{value:.{digits}f}"
 
 
-def markdown_table(layers: List[Optional[Dict[str, float]]], title: Optional[str] = None) -> str:
-    """Table 1 layout: rows CA / HA(mean) / HA(std) / Ratio, one column per decoder layer."""
+def markdown_table(layers: List[Optional[Dict[str, float]]], title: Optional[str] = None,
+                   definition: Optional[str] = None) -> str:
+    """Table 1 layout: rows CA / HA(mean) / HA(std) / Ratio, one column per decoder layer;
+    ``definition`` (``definition_text``), when given, is the line under the table."""
     n = len(layers)
     lines = []
     if title:
@@ -222,6 +282,8 @@ def markdown_table(layers: List[Optional[Dict[str, float]]], title: Optional[str
                                ("Ratio", "Ratio", 2)):
         cells = [_fmt(None if s is None else s[key], digits) for s in layers]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if definition:
+        lines += ["", definition]
     return "\n".join(lines) + "\n"
 
 
@@ -235,9 +297,10 @@ def markdown_report(result: Dict, label: str = "") -> str:
     for key in ("arch", "self_attn_mode", "split", "sentences", "tokens"):
         if result.get(key) is not None:
             meta.append(f"{key} = {result[key]}")
-    meta.append("row 0 " + ("included in" if result.get("include_first_row") else "excluded from") + " CA")
     parts.append(", ".join(meta) + "\n")
+    definition = result.get("definition") or definition_text(
+        *check_definition(result.get("ca_rows", "all"), result.get("ha_over", "head-mean")))
     titles = result.get("matrix_titles") or matrix_titles(result["matrices"])
     for matrix, layers in result["matrices"].items():
-        parts.append(markdown_table(layers, titles.get(matrix, matrix)))
+        parts.append(markdown_table(layers, titles.get(matrix, matrix), definition))
     return "\n".join(parts)

@@ -1,10 +1,9 @@
 """Make every decoder self-attention of a loaded model report its attention matrix.
 
-BET models already use ``BirdEyeMultiheadAttention``. Plain fairseq checkpoints
+bet_fairseq models already use a ``SelfAttentionVariant``. Plain fairseq checkpoints
 (``transformer_iwslt_de_en``, ``transformer_lm`` ...) use fairseq's ``MultiheadAttention``, whose fused
-path never exposes per-head weights; those modules are swapped for a
-``BirdEyeMultiheadAttention(mode="vanilla")`` holding the same weights (``load_state_dict``), which
-computes the same function on its exact path and can capture.
+path never exposes per-head weights; those modules are swapped for the ``vanilla`` variant holding the
+same weights (``load_state_dict``), which computes the same function on its exact path and can capture.
 """
 
 import contextlib
@@ -12,12 +11,13 @@ from typing import List
 
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from ..modules.bird_eye_attention import BirdEyeMultiheadAttention
+from ..attention import SelfAttentionVariant
+from ..attention.vanilla import VanillaSelfAttention
 
 
-def vanilla_to_bird_eye(mha: MultiheadAttention) -> BirdEyeMultiheadAttention:
-    """A ``BirdEyeMultiheadAttention(mode="vanilla")`` with the weights and settings of ``mha``."""
-    if isinstance(mha, BirdEyeMultiheadAttention):
+def as_capturing_vanilla(mha: MultiheadAttention) -> SelfAttentionVariant:
+    """The ``vanilla`` variant with the weights and settings of ``mha``."""
+    if isinstance(mha, SelfAttentionVariant):
         return mha
     if not mha.self_attention:
         raise ValueError(
@@ -28,10 +28,9 @@ def vanilla_to_bird_eye(mha: MultiheadAttention) -> BirdEyeMultiheadAttention:
         raise ValueError("decoder self-attention with add_bias_kv/add_zero_attn cannot be analysed")
     if getattr(mha, "use_xformers", False):
         raise ValueError("decoder self-attention built with --decoder-xformers-att-config cannot be analysed")
-    new = BirdEyeMultiheadAttention(
+    new = VanillaSelfAttention(
         mha.embed_dim,
         mha.num_heads,
-        mode="vanilla",
         dropout=mha.dropout_module.p,
         bias=mha.k_proj.bias is not None,
         self_attention=True,
@@ -43,7 +42,7 @@ def vanilla_to_bird_eye(mha: MultiheadAttention) -> BirdEyeMultiheadAttention:
     return new
 
 
-def decoder_self_attentions(model, convert: bool = True) -> List[BirdEyeMultiheadAttention]:
+def decoder_self_attentions(model, convert: bool = True) -> List[SelfAttentionVariant]:
     """The decoder's self-attention modules in layer order, converted in place when needed.
 
     Works for encoder-decoder models (``model.decoder``) and language models (also ``model.decoder``);
@@ -58,7 +57,7 @@ def decoder_self_attentions(model, convert: bool = True) -> List[BirdEyeMultihea
         attn = getattr(layer, "self_attn", None)
         if attn is None:
             raise ValueError(f"decoder layer {index} ({type(layer).__name__}) has no self_attn")
-        if not isinstance(attn, BirdEyeMultiheadAttention):
+        if not isinstance(attn, SelfAttentionVariant):
             if not isinstance(attn, MultiheadAttention):
                 raise ValueError(
                     f"decoder layer {index}: self_attn is a {type(attn).__name__}, not a fairseq "
@@ -66,7 +65,7 @@ def decoder_self_attentions(model, convert: bool = True) -> List[BirdEyeMultihea
                 )
             if not convert:
                 raise ValueError(f"decoder layer {index}: self_attn is fairseq's MultiheadAttention")
-            attn = vanilla_to_bird_eye(attn)
+            attn = as_capturing_vanilla(attn)
             layer.self_attn = attn
         found.append(attn)
     return found
@@ -85,3 +84,4 @@ def capturing(attentions):
             a.capture_attention = b
             a.captured_attention = None
             a.captured_first_pass = None
+            a.captured_log_attention = None

@@ -1,4 +1,4 @@
-"""``bet-analyze``: decoder self-attention analysis of fairseq checkpoints (BET_SPEC section 4).
+"""``bet-analyze``: decoder self-attention analysis of fairseq checkpoints (the paper's Table 1).
 
 Subcommands::
 
@@ -16,16 +16,13 @@ import json
 import os
 import sys
 
-from .attention_stats import markdown_report, matrix_titles
+from ..files import atomic_write
+from .attention_stats import CA_ROWS, HA_OVER, markdown_report, matrix_titles
 
 
 def _write_atomic(path: str, text: str):
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(path) as f:
         f.write(text)
-    os.replace(tmp, path)
 
 
 def _overrides(text):
@@ -75,8 +72,14 @@ def build_parser():
     p = sub.add_parser("stats", help="CA / HA(mean) / HA(std) / Ratio per decoder layer over a whole split")
     p.add_argument("checkpoint")
     _add_loading(p)
-    p.add_argument("--include-first-row", action="store_true",
-                   help="count row 0 (a sequence's first position, which can only see itself) in CA")
+    p.add_argument("--ca-rows", choices=CA_ROWS, default="all",
+                   help="rows whose diagonal weight CA averages: all (default, the paper's definition) or "
+                        "skip-first (leave out row 0, a sequence's first position, which can only see itself)")
+    p.add_argument("--include-first-row", dest="ca_rows", action="store_const", const="all",
+                   help="the same as --ca-rows all (the default)")
+    p.add_argument("--ha-over", choices=HA_OVER, default="head-mean",
+                   help="entries the statistics are taken over: head-mean (default, the paper's definition: the "
+                        "head-averaged matrix fairseq reports) or heads (every head's own entries)")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default 4096)")
     p.add_argument("--batch-size", type=int, default=None, help="sentences per batch (default: no limit)")
     p.add_argument("--max-batches", type=int, default=None, help="stop after this many batches (a quick look)")
@@ -149,7 +152,8 @@ def cmd_stats(args):
             yield sample
 
     acc = collect_attention_stats(loaded.model, attentions, batches, loaded.model.decoder.padding_idx,
-                                  args.include_first_row, loaded.device, progress)
+                                  device=loaded.device, progress=progress, ca_rows=args.ca_rows,
+                                  ha_over=args.ha_over)
     result = {
         "checkpoint": os.path.abspath(args.checkpoint),
         "data": os.path.abspath(args.data),
@@ -160,7 +164,7 @@ def cmd_stats(args):
         "sentences": acc.sentences,
         "sentences_in_split": n_split,
         "tokens": acc.tokens,
-        "include_first_row": args.include_first_row,
+        **acc.definition(),
         "padding": "excluded (rows of padding queries and entries on padding keys)",
         "matrices": acc.result(),
     }

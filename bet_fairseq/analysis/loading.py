@@ -39,9 +39,10 @@ def load_checkpoint(path: str, data: str, overrides: Optional[Dict[str, Any]] = 
                     cpu: bool = False) -> LoadedCheckpoint:
     """``fairseq.checkpoint_utils.load_model_ensemble_and_task`` with the plugin registered and the
     task's data directory replaced by ``data``; the model is in eval mode on the chosen device."""
-    import bet_fairseq  # noqa: F401  (registers BET models/tasks; makes checkpoints loadable)
+    import bet_fairseq
     from fairseq import checkpoint_utils
 
+    bet_fairseq.register()  # the models and tasks, and the patches that make checkpoints loadable
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if not os.path.isdir(data):

@@ -3,8 +3,9 @@
 matplotlib is imported here only, with the Agg backend (no display needed).
 """
 
-import os
 from typing import List, Optional, Sequence, Tuple
+
+from ..files import atomic_path
 
 
 def _pyplot():
@@ -21,11 +22,8 @@ def _pyplot():
 
 def _save(fig, path: str):
     """Write the PNG under a temporary name, then rename (a half-written file never appears)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = path + ".tmp"
-    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
 
 
 def heatmap(matrix, tokens: Sequence[str], path: str, title: str = "", query_tokens: Optional[Sequence[str]] = None):

@@ -1,6 +1,6 @@
 """BET(SG)'s training loss: label-smoothed cross-entropy plus the syntax pointer loss.
 
-BET_SPEC section 3, equation 5: each decoder block's self-attention ``A`` is asked to point at the
+The paper's equation 5 (Sha et al. 2022, section 3): each decoder block's self-attention ``A`` is asked to point at the
 syntax hint of every position, ``L_p = - sum_t log A[t, hint_t]``; the blocks' losses are summed,
 weighted by ``--pointer-lambda`` and added to the token loss:
 
@@ -11,7 +11,7 @@ are divided by the same sample size (target tokens) in the gradient, and ``point
 like ``loss``: per target token, in base 2 (summed over blocks, before ``pointer_lambda``).
 ``loss`` in the log includes ``pointer_lambda * L_p``; ``nll_loss`` / ``ppl`` are the token loss only.
 
-``A`` is read from the decoder's ``BirdEyeMultiheadAttention`` modules (``capture_attention``, per
+``A`` is read from the decoder's ``SelfAttentionVariant`` modules (``capture_attention``, per
 head, with gradients), switched on for this forward only: decoding pays nothing.
 ``--pointer-heads``: ``mean`` (default) puts the loss on the head-averaged distribution (the
 layer's attention matrix as fairseq reports it), ``first`` on head 0 of each layer only (the
@@ -35,8 +35,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.logging import metrics
 
-from ..cli_help import register_help
-from ..modules.bird_eye_decoder import bird_eye_self_attentions
+from ..compat import register_help
+from ..models.decoder import self_attention_modules
 from ..tasks.syntax_hint_data import HINT_PAD
 
 logger = logging.getLogger(__name__)
@@ -67,29 +67,34 @@ register_help("bet-fairseq BET(SG) pointer loss (--criterion label_smoothed_cros
               PointerLossOptions)
 
 
-def pointer_loss(attentions, hints, heads: str = "mean"):
-    """sum over blocks and non-pad positions of -log A[t, hint_t].
+def pointer_loss(log_attentions, hints, heads: str = "mean"):
+    """sum over blocks and non-pad positions of -log A[t, hint_t], computed in log space.
 
-    attentions: per block, (B, H, T, S) probabilities; hints: (B, T), ``HINT_PAD`` where padded.
+    log_attentions: per block, (B, H, T, S) log-probabilities (the modules' ``captured_log_attention``);
+    hints: (B, T), ``HINT_PAD`` where padded. ``mean`` takes -log of the head-averaged probability,
+    ``logsumexp_h(log A_h) - log H``, so a probability that underflows float32 still gives its true loss
+    and a gradient (in probability space it would be clamped near 87 with zero gradient).
     """
     if heads not in POINTER_HEADS:
         raise ValueError(f"--pointer-heads: unknown choice {heads!r}; choose one of {', '.join(POINTER_HEADS)}")
     valid = hints.ne(HINT_PAD)
     index = hints.clamp_min(0)
     total = None
-    for attn in attentions:
-        if attn.shape[0] != hints.shape[0] or attn.shape[2] != hints.shape[1]:
+    for log_attn in log_attentions:
+        if log_attn.shape[0] != hints.shape[0] or log_attn.shape[2] != hints.shape[1]:
             raise ValueError(
                 f"syntax hints of shape {tuple(hints.shape)} do not match the decoder self-attention "
-                f"of shape {tuple(attn.shape)} (batch, heads, target, source)"
+                f"of shape {tuple(log_attn.shape)} (batch, heads, target, source)"
             )
+        # A key the mask removes has log 0 = -inf; a finite floor keeps logsumexp and its gradient free of
+        # NaN in rows where every head has it (a left-padding row; hints are causal and never point there).
+        log_attn = log_attn.float().clamp_min(torch.finfo(torch.float32).min)
         if heads == "mean":
-            attn = attn.mean(dim=1, keepdim=True)
+            log_attn = torch.logsumexp(log_attn, dim=1, keepdim=True) - math.log(log_attn.size(1))
         elif heads == "first":
-            attn = attn[:, :1]
-        picked = attn.gather(-1, index[:, None, :, None].expand(-1, attn.size(1), -1, 1)).squeeze(-1)
-        nll = -picked.float().clamp_min(torch.finfo(torch.float32).tiny).log().mean(dim=1)  # (B, T)
-        layer = nll.masked_fill(~valid, 0.0).sum()
+            log_attn = log_attn[:, :1]
+        picked = log_attn.gather(-1, index[:, None, :, None].expand(-1, log_attn.size(1), -1, 1)).squeeze(-1)
+        layer = (-picked.mean(dim=1)).masked_fill(~valid, 0.0).sum()  # (B, T) -> sum
         total = layer if total is None else total + layer
     return total
 
@@ -108,16 +113,16 @@ class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCri
         self._warned = False
 
     def _attention_modules(self, model):
-        modules = bird_eye_self_attentions(model)
+        modules = self_attention_modules(model)
         if not modules:
             raise ValueError(
                 "--criterion label_smoothed_cross_entropy_with_pointer needs a bet-fairseq model whose "
                 "decoder self-attention can be captured (--arch bet_sg_iwslt, bet_sg_wmt_en_de, bet_sg_lm ...)"
             )
-        diag_free = sorted({m.mode for m in modules if m.masks_diagonal})
+        diag_free = sorted({m.variant_name for m in modules if m.masks_diagonal})
         if diag_free:
             raise ValueError(
-                f"the pointer loss cannot train a self-attention that masks the diagonal (mode {diag_free[0]}): "
+                f"the pointer loss cannot train a self-attention that masks the diagonal (--self-attn-mode {diag_free[0]}): "
                 "hints that point at a position itself would need log 0; use --arch bet_sg_* "
                 "(vanilla self-attention) or --bet-keep-diagonal"
             )
@@ -134,12 +139,13 @@ class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCri
             m.capture_attention = True
         try:
             net_output = model(**sample["net_input"])
-            attentions = [m.captured_attention for m in modules]
+            log_attentions = [m.captured_log_attention for m in modules]
         finally:
             for m in modules:
                 m.capture_attention = False
                 m.captured_attention = None
                 m.captured_first_pass = None
+                m.captured_log_attention = None
 
         loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
@@ -151,7 +157,7 @@ class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCri
             "sample_size": sample_size,
         }
         if hints is not None:
-            p_loss = pointer_loss(attentions, hints, self.pointer_heads)
+            p_loss = pointer_loss(log_attentions, hints, self.pointer_heads)
             loss = loss + self.pointer_lambda * p_loss
             logging_output["loss"] = loss.data
             logging_output["pointer_loss"] = p_loss.data

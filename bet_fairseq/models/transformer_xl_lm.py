@@ -1,7 +1,7 @@
 """Transformer-XL language models (Dai et al. 2019), the "Transformer-XL" row of Table 2.
 
 Segment-level recurrence: each layer attends to ``[memory ; segment]`` with relative positional
-attention (``RelativeMultiheadAttention``), where the memory holds that layer's input hidden states of
+attention (the ``relative`` variant, ``attention/relative.py``), where the memory holds that layer's input hidden states of
 the last ``--mem-len`` positions of the previous segments, detached (no gradient flows into it). The
 memory lives on the decoder between forward calls, so the data must come as contiguous segments:
 ``--task bet_truncated_bptt_lm --batch-size B --tokens-per-sample T``. It is cleared at the start of
@@ -10,7 +10,7 @@ a stream (segment 0), when the batch size changes, and when the model switches t
 Layers are pre-norm with a final LayerNorm, embeddings scaled by sqrt(dim), dropout ``--dropout`` on
 embeddings and sublayer outputs, ``--attention-dropout`` on attention probabilities, like the other LM
 rows (fairseq's transformer_lm); no absolute positions (the relative terms carry position).
-Architectures at the sizes of the other LM rows (``LM_SIZES``, 6 layers): ``transformer_xl_lm``
+Architectures at the sizes of the other LM rows (``architectures.LM_SIZES``, 6 layers): ``transformer_xl_lm``
 (WikiText-2), ``transformer_xl_lm_wikitext103``, ``transformer_xl_lm_enwik8``.
 This decoder scores text (training, fairseq-eval-lm); incremental generation is not implemented.
 """
@@ -28,10 +28,10 @@ from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, regi
 from fairseq.modules import LayerNorm
 from fairseq.modules.fairseq_dropout import FairseqDropout
 
-from ..cli_help import register_help
-from ..modules.relative_attention import RelativeMultiheadAttention
+from ..attention.relative import RelativeSelfAttention
+from ..compat import register_help
 from ..tasks.truncated_bptt import TruncatedBPTTLanguageModelingTask
-from .bet_transformer_lm import LM_SIZES, apply_lm_size
+from .architectures import LM_SIZE_SUFFIX, apply_lm_size
 
 
 @dataclass
@@ -66,7 +66,7 @@ class TransformerXLLayer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         dim = cfg.decoder_embed_dim
-        self.self_attn = RelativeMultiheadAttention(dim, cfg.decoder_attention_heads, cfg.attention_dropout)
+        self.self_attn = RelativeSelfAttention(dim, cfg.decoder_attention_heads, dropout=cfg.attention_dropout, bias=False)
         self.self_attn_layer_norm = LayerNorm(dim)
         self.fc1 = nn.Linear(dim, cfg.decoder_ffn_embed_dim)
         self.fc2 = nn.Linear(cfg.decoder_ffn_embed_dim, dim)
@@ -76,9 +76,10 @@ class TransformerXLLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Optional[Tensor]) -> Tensor:
         """x (B, T, E), memory (B, M, E) of this layer's earlier inputs (already detached)."""
-        normed_memory = None if memory is None else self.self_attn_layer_norm(memory)
-        h, _ = self.self_attn(self.self_attn_layer_norm(x), normed_memory)
-        x = x + self.dropout_module(h)
+        normed = self.self_attn_layer_norm(x).transpose(0, 1)  # (T, B, E), as fairseq's attention takes it
+        context = None if memory is None else torch.cat([self.self_attn_layer_norm(memory).transpose(0, 1), normed])
+        h, _ = self.self_attn(normed, context, context, need_weights=False)
+        x = x + self.dropout_module(h.transpose(0, 1))
         h = self.fc2(self.dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x)))))
         return x + self.dropout_module(h)
 
@@ -177,7 +178,7 @@ def _register(arch_name, size):
     register_model_architecture("bet_transformer_xl_lm", arch_name)(architecture)
 
 
-for _size in LM_SIZES:
-    _register("transformer_xl_lm" + ("" if _size == "wikitext2" else f"_{_size}"), _size)
+for _size, _suffix in LM_SIZE_SUFFIX.items():
+    _register(f"transformer_xl_{_suffix}", _size)
 
 register_help("bet-fairseq Transformer-XL (--arch transformer_xl_lm[_wikitext103|_enwik8])", TransformerXLConfig)

@@ -7,8 +7,9 @@ Reads both ``--log-format json`` lines (``| train_inner | {"loss": ..., "num_upd
 """
 
 import json
-import os
 import re
+
+from ..files import atomic_path
 
 _JSON = re.compile(r"\|\s*(train_inner|valid)\s*\|\s*(\{.*\})\s*$")
 _SIMPLE_TRAIN = re.compile(r"\|\s*train_inner\s*\|.*?\bloss=([\d.]+).*?\bnum_updates=(\d+)")
@@ -66,9 +67,9 @@ def plot_curves(runs, out_path, title):
     axes[1].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-    tmp = out_path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, out_path)
+    try:
+        with atomic_path(out_path) as tmp:
+            fig.savefig(tmp, dpi=110)
+    finally:
+        plt.close(fig)
     return out_path

@@ -1,17 +1,19 @@
 """The rows of BET_SPEC Table 2, per dataset: which architecture, task, criterion and extra flags each
-run uses, the paper's number, and the training / evaluation settings of each dataset.
+run uses, and the paper's number. The training / evaluation settings of each dataset are in
+``bet_fairseq/recipes.py``.
 
-Extending the table: append a ``Row(...)`` to ``ROWS`` (its ``key`` becomes the run script name
-``run/<dataset>/<key>.sh``; ``archs`` maps each dataset it covers to an ``--arch`` name, e.g. with
-``named("mybaseline")`` for the ``{name}_iwslt`` / ``{name}_lm_enwik8`` naming convention), then run
-``python run/make_scripts.py`` to write its shell scripts. Options a row needs beyond the dataset's
-settings go in ``train_flags`` / ``eval_flags`` (per kind ``"mt"`` / ``"lm"``); a value of ``None``
-removes a dataset flag (e.g. a task without ``--sample-break-mode``). A row whose architecture is not
-registered when it is run stops with a clear "not available" message.
+Extending the table: append a ``Row(...)`` to ``ROWS`` (its ``key`` is what ``bet-run-row --row`` and
+``run/<dataset>.sh ROW ...`` take; ``archs`` maps each dataset it covers to an ``--arch`` name, e.g. with
+``named("mybaseline")`` for the ``{name}_iwslt`` / ``{name}_lm_enwik8`` naming convention). Options a
+row needs beyond the dataset's settings go in ``train_flags`` / ``eval_flags`` (per kind ``"mt"`` /
+``"lm"``); a value of ``None`` removes a dataset flag (e.g. a task without ``--sample-break-mode``). A
+row whose architecture is not registered when it is run stops with a clear "not available" message.
 """
 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
+
+from ..recipes import LM_DATASETS, MT_DATASETS
 
 # ----------------------------------------------------------------------------- datasets
 
@@ -42,8 +44,6 @@ DATASETS: Dict[str, Dataset] = {
                 "(binarised: DATA/enwik8/bin)"),
     )
 }
-MT_DATASETS = ("iwslt14_de_en", "wmt17_en_de")
-LM_DATASETS = ("wikitext2", "wikitext103", "enwik8")
 
 
 def named(name: str, datasets=MT_DATASETS + LM_DATASETS) -> Dict[str, str]:
@@ -96,13 +96,17 @@ ROWS: List[Row] = [
     Row("sparse_topk", "Zhao et al. 2019 (explicit top-k sparse attention)", named("sparse_topk"),
         _paper(35.51, 27.84, 54.39, 24.16, 1.159)),
     Row("transformer_xl", "Transformer-XL", named("transformer_xl", LM_DATASETS), _paper(None, None, 54.39, 24.00, 1.161),
-        train_flags={"lm": {"--task": "bet_truncated_bptt_lm", "--sample-break-mode": None}},
+        # The reference implementation keeps a memory at least as long as a segment (512 tokens here).
+        train_flags={"lm": {"--task": "bet_truncated_bptt_lm", "--sample-break-mode": None, "--mem-len": 512}},
         eval_flags={"lm": {"--task": "bet_truncated_bptt_lm", "--context-window": None}}, note="segment recurrence: contiguous segments, eval without --context-window"),
     Row("routing", "Routing Transformer", named("routing", LM_DATASETS), _paper(None, None, 53.81, 23.79, 1.158)),
     Row("bet_sg", "BET(SG)", named("bet_sg"), _paper(36.04, 28.43, 51.66, 23.34, 1.147),
         train_flags={"mt": {"--task": "translation_syntax_hints", **POINTER},
+                     # checkpoint_best and --patience on the language-model loss alone (nll_loss: with label
+                     # smoothing 0 it is the LM loss), not on a loss that includes lambda_p * L_p
                      "lm": {"--task": "language_modeling_syntax_hints", **POINTER, "--label-smoothing": 0.0,
-                            "--sample-break-mode": "eos", "--skip-invalid-size-inputs-valid-test": True}},
+                            "--sample-break-mode": "eos", "--skip-invalid-size-inputs-valid-test": True,
+                            "--best-checkpoint-metric": "nll_loss"}},
         needs_syntax_hints=True,
         note="syntax pointer loss (--pointer-lambda, criterion default); hints from bet-syntax-hints"),
     Row("bet_sf", "BET(SF)", named("bet_sf"), _paper(35.85, 28.03, 52.97, 23.76, 1.153)),
@@ -116,65 +120,3 @@ def row(key: str) -> Row:
         if r.key == key:
             return r
     raise KeyError(f"unknown row {key!r}; rows: {', '.join(r.key for r in ROWS)}")
-
-
-# ----------------------------------------------------------------------------- settings
-
-# fairseq's IWSLT14 recipe (examples/translation/README.md); the authors used it for WMT17 too.
-_MT_RECIPE = {
-    "--share-decoder-input-output-embed": True,
-    "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)", "--clip-norm": 0.0,
-    "--lr": 5e-4, "--lr-scheduler": "inverse_sqrt", "--warmup-updates": 4000,
-    "--dropout": 0.3, "--weight-decay": 0.0001,
-    "--criterion": "label_smoothed_cross_entropy", "--label-smoothing": 0.1,
-    "--max-tokens": 4096,
-    "--eval-bleu": True, "--eval-bleu-args": '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}',
-    "--eval-bleu-detok": "moses", "--eval-bleu-remove-bpe": True,
-    "--best-checkpoint-metric": "bleu", "--maximize-best-checkpoint-metric": True,
-}
-# LM (BET_SPEC section 5/6): Adam lr 1e-3 with the authors' eps 1e-3, batch 64 blocks of 512 tokens.
-# The authors' amsgrad is not an option of fairseq's adam (FairseqAdamConfig has no amsgrad field).
-_LM_RECIPE = {
-    "--task": "language_modeling", "--tokens-per-sample": 512, "--sample-break-mode": "none", "--batch-size": 64,
-    "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)", "--adam-eps": 1e-3, "--clip-norm": 0.0,
-    "--lr": 1e-3, "--lr-scheduler": "inverse_sqrt", "--warmup-updates": 4000, "--warmup-init-lr": 1e-7,
-    "--weight-decay": 0.01, "--dropout": 0.1, "--criterion": "cross_entropy",
-}
-TRAIN_SETTINGS: Dict[str, Dict[str, object]] = {
-    "iwslt14_de_en": {"--task": "translation", "--source-lang": "de", "--target-lang": "en", **_MT_RECIPE,
-                      "--max-epoch": 50},
-    "wmt17_en_de": {"--task": "translation", "--source-lang": "en", "--target-lang": "de", **_MT_RECIPE,
-                    "--max-update": 100000},
-    "wikitext2": {**_LM_RECIPE, "--dropout": 0.3, "--warmup-updates": 1000, "--max-epoch": 200, "--patience": 10},
-    "wikitext103": {**_LM_RECIPE, "--max-update": 200000},
-    "enwik8": {**_LM_RECIPE, "--max-update": 200000},
-}
-COMMON_TRAIN = {"--seed": 1, "--no-epoch-checkpoints": True, "--log-format": "json", "--log-interval": 100}
-
-# --required-batch-size-multiple 1: fairseq-fixed 0.12.3.1's batch_by_size drops the last
-# (n mod multiple) items of a split (default multiple 8), e.g. 6 of IWSLT14's 6,750 test pairs.
-EVAL_SETTINGS: Dict[str, Dict[str, object]] = {
-    "mt": {"--task": "translation", "--gen-subset": "test", "--beam": 5, "--batch-size": 128, "--remove-bpe": True,
-           "--required-batch-size-multiple": 1},
-    "lm": {"--task": "language_modeling", "--gen-subset": "test", "--tokens-per-sample": 512, "--context-window": 400,
-           "--batch-size": 8, "--required-batch-size-multiple": 1},
-}
-
-# --quick: a tiny model and a few updates, minutes on a CPU (smoke tests, not results).
-QUICK_TRAIN: Dict[str, Dict[str, object]] = {
-    "mt": {"--encoder-layers": 2, "--decoder-layers": 2, "--encoder-embed-dim": 32, "--decoder-embed-dim": 32,
-           "--encoder-ffn-embed-dim": 64, "--decoder-ffn-embed-dim": 64, "--encoder-attention-heads": 4,
-           "--decoder-attention-heads": 4, "--max-tokens": 1024, "--warmup-updates": 10, "--lr": 2e-3,
-           "--max-epoch": None, "--eval-bleu": None, "--eval-bleu-args": None, "--eval-bleu-detok": None,
-           "--eval-bleu-remove-bpe": None, "--best-checkpoint-metric": None,
-           "--maximize-best-checkpoint-metric": None},
-    "lm": {"--decoder-layers": 2, "--decoder-embed-dim": 32, "--decoder-ffn-embed-dim": 64,
-           "--decoder-attention-heads": 4, "--tokens-per-sample": 64, "--batch-size": 16, "--warmup-updates": 10,
-           "--lr": 2e-3, "--max-epoch": None, "--patience": None},
-}
-QUICK_COMMON = {"--log-interval": 2, "--num-workers": 0}
-QUICK_EVAL = {
-    "mt": {"--batch-size": 64, "--max-len-a": 1.2, "--max-len-b": 10},
-    "lm": {"--tokens-per-sample": 64, "--context-window": 32, "--batch-size": 16},
-}
-QUICK_UPDATES = 20

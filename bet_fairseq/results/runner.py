@@ -3,12 +3,14 @@
     bet-run-row --row bet_sf --dataset iwslt14_de_en --data DATA/iwslt14/bin --save-dir runs/iwslt14/bet_sf
     bet-run-row ... --quick            # tiny model, a few updates: a smoke test on a CPU (or BET_QUICK=1)
     bet-run-row ... -- --fp16          # anything after "--" is appended to fairseq-train
+    run/iwslt14_de_en.sh bet_sf DATA/iwslt14/bin runs/iwslt14/bet_sf [options]   # the same, one script a dataset
 
-Training is fairseq-train with the row's architecture and the dataset's settings (``rows.py``), its
-output kept in SAVE_DIR/train.log (``--log-format json``, read by ``bet-results --plot``); evaluation
-is fairseq-generate (beam 5, --remove-bpe, tokenised BLEU4 as the fairseq IWSLT recipe reports it,
-plus sacreBLEU on Moses-detokenised text) or fairseq-eval-lm (perplexity; bits per character =
-"Loss (base 2)" per byte token for enwik8) on the test split, its output in SAVE_DIR/eval.log.
+Training is fairseq-train with the row's architecture (``rows.py``) and the dataset's settings
+(``bet_fairseq/recipes.py``), its output kept in SAVE_DIR/train.log (``--log-format json``, read by
+``bet-results --plot``); evaluation is fairseq-generate (beam 5, --remove-bpe, tokenised BLEU4 as the
+fairseq IWSLT recipe reports it, plus sacreBLEU on Moses-detokenised text) or fairseq-eval-lm
+(perplexity; bits per character = "Loss (base 2)" per byte token for enwik8) on the test split, its
+output in SAVE_DIR/eval.log.
 """
 
 import argparse
@@ -22,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from .. import recipes
+from ..files import atomic_write
 from . import rows as R
 
 
@@ -32,36 +36,18 @@ class RowError(SystemExit):
         print(f"error: {message}", file=sys.stderr)
 
 
-def flags_to_argv(flags):
-    argv = []
-    for name, value in flags.items():
-        if value is None or value is False:
-            continue
-        argv.append(name)
-        if value is not True:
-            argv.append(str(value))
-    return argv
-
-
-def merge(*dicts):
-    out = {}
-    for d in dicts:
-        for k, v in d.items():
-            out.pop(k, None)  # later dicts also move the flag to their position
-            out[k] = v
-    return out
-
-
-def availability(row, dataset):
-    """None when the row can run on this dataset, else the reason it cannot."""
+def availability(row, dataset, arch=None):
+    """None when the row can run on this dataset (with ``arch`` instead of its own), else the reason it cannot."""
     if dataset not in row.archs:
         return f"row {row.key!r} ({row.label}) has no {dataset} entry in Table 2"
-    import bet_fairseq  # noqa: F401  (registers the project's archs, tasks, criterions)
+    import bet_fairseq
+
+    bet_fairseq.register()  # the project's archs, tasks, criterions (as fairseq's --user-dir would)
     from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.models import ARCH_MODEL_REGISTRY
     from fairseq.tasks import TASK_REGISTRY
 
-    arch = row.archs[dataset]
+    arch = arch or row.archs[dataset]
     kind = R.DATASETS[dataset].kind
     if arch not in ARCH_MODEL_REGISTRY:
         return f"row {row.key!r} on {dataset} is not available: architecture {arch!r} is not registered"
@@ -116,33 +102,27 @@ def fairseq_command(name):
     return [sys.executable, "-m", module]
 
 
-def build_commands(row, dataset, data, save_dir, quick=False, updates=None, extra=(), user_dir=None, cpu=None):
-    """(train argv, eval argv) for one row on one dataset."""
+def build_commands(row, dataset, data, save_dir, quick=False, updates=None, extra=(), user_dir=None, cpu=None,
+                   arch=None):
+    """(train argv, eval argv) for one row on one dataset: the dataset's recipe, then the row's flags."""
     import bet_fairseq
 
-    ds = R.DATASETS[dataset]
+    kind = R.DATASETS[dataset].kind
     user_dir = user_dir or bet_fairseq.user_dir()
     cpu = (not has_cuda()) if cpu is None else cpu
-    train = merge(R.TRAIN_SETTINGS[dataset], R.COMMON_TRAIN, row.train_flags.get(ds.kind, {}))
-    ev = merge(R.EVAL_SETTINGS[ds.kind], row.eval_flags.get(ds.kind, {}))
-    if quick:
-        train = merge(train, R.QUICK_TRAIN[ds.kind], R.QUICK_COMMON,
-                      {"--max-update": updates or R.QUICK_UPDATES,
-                       "--validate-interval-updates": max(1, (updates or R.QUICK_UPDATES) // 2)})
-        ev = merge(ev, R.QUICK_EVAL[ds.kind], {"--num-workers": 0})
-        if row.train_flags.get(ds.kind, {}).get("--sample-break-mode") == "eos":
-            train["--tokens-per-sample"] = 256
-        if "--context-window" in row.eval_flags.get(ds.kind, {}):
-            ev = merge(ev, {"--context-window": row.eval_flags[ds.kind]["--context-window"]})
-    elif updates:
-        train = merge(train, {"--max-update": updates})
+    row_train, row_eval = row.train_flags.get(kind, {}), row.eval_flags.get(kind, {})
+    train = recipes.merge(recipes.train_recipe(dataset, quick, updates), row_train)
+    ev = recipes.merge(recipes.eval_recipe(dataset, quick), row_eval)
+    if quick and row_train.get("--sample-break-mode") == "eos":
+        train["--tokens-per-sample"] = 256  # one sentence a sample: the quick 64-token blocks would drop most
     if cpu:
         train["--cpu"] = ev["--cpu"] = True
     ckpt = os.path.join(save_dir, "checkpoint_best.pt")
-    train_argv = (fairseq_command("fairseq-train") + [data, "--user-dir", user_dir, "--arch", row.archs[dataset],
-                                                       "--save-dir", save_dir] + flags_to_argv(train) + list(extra))
-    tool = "fairseq-generate" if ds.kind == "mt" else "fairseq-eval-lm"
-    eval_argv = fairseq_command(tool) + [data, "--user-dir", user_dir, "--path", ckpt] + flags_to_argv(ev)
+    arch = arch or row.archs[dataset]
+    train_argv = (fairseq_command("fairseq-train") + [data, "--user-dir", user_dir, "--arch", arch,
+                                                       "--save-dir", save_dir] + recipes.to_argv(train) + list(extra))
+    tool = "fairseq-generate" if kind == "mt" else "fairseq-eval-lm"
+    eval_argv = fairseq_command(tool) + [data, "--user-dir", user_dir, "--path", ckpt] + recipes.to_argv(ev)
     return train_argv, eval_argv
 
 
@@ -263,7 +243,7 @@ def parse_args(argv=None):
     p.add_argument("--save-dir", help="checkpoints, train.log, eval.log and result.json go here")
     p.add_argument("--quick", action="store_true", default=os.environ.get("BET_QUICK", "") not in ("", "0"),
                    help="tiny model, a few updates (also BET_QUICK=1)")
-    p.add_argument("--updates", type=int, help="--max-update (quick default %d)" % R.QUICK_UPDATES)
+    p.add_argument("--updates", type=int, help="--max-update (quick default %d)" % recipes.QUICK_UPDATES)
     p.add_argument("--cpu", action="store_true", default=None, help="force the CPU (default: when no GPU)")
     p.add_argument("--force", action="store_true", help="run even when SAVE_DIR/result.json exists")
     p.add_argument("--eval-only", action="store_true", help="evaluate the existing checkpoint_best.pt")
@@ -272,15 +252,25 @@ def parse_args(argv=None):
     p.add_argument("--in-process", action="store_true",
                    help="call fairseq's CLIs inside this process instead of subprocesses (saves their start-up; "
                         "the recorded commands are the same)")
-    p.add_argument("--list", action="store_true", help="list rows, datasets and availability, then exit")
+    p.add_argument("--arch", help="train this architecture with the row's settings instead of the row's own "
+                                  "(result.json records it); another row's architecture on --dataset runs that row")
+    p.add_argument("--list", action="store_true",
+                   help="list rows, datasets and availability (of --dataset only, when given), then exit")
+    # run/<dataset>.sh passes --script "$0" --dataset D "$@": ROW DATA_BIN SAVE_DIR come as positionals
+    p.add_argument("--script", help=argparse.SUPPRESS)
+    p.add_argument("positional", nargs="*", help=argparse.SUPPRESS)
     if argv is None:
         argv = sys.argv[1:]
     extra = []
     if "--" in argv:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     args.extra = extra
+    if args.script:
+        from_script(p, args)
+    elif args.positional:
+        p.error(f"unexpected argument {args.positional[0]!r} (fairseq-train arguments go after --)")
     if not args.list:
         missing = [n for n in ("row", "dataset", "data", "save_dir") if getattr(args, n) is None]
         if missing:
@@ -288,10 +278,45 @@ def parse_args(argv=None):
     return args
 
 
-def list_rows():
+def rows_of(dataset):
+    return [r for r in R.ROWS if dataset in r.archs]
+
+
+def from_script(parser, args):
+    """``run/<dataset>.sh ROW DATA_BIN SAVE_DIR [options]``: fill --row/--data/--save-dir from the
+    positionals; without them, or with a row the dataset does not have, print the script's usage and
+    the dataset's rows and exit 2."""
+    if args.dataset is None or args.row or args.data or args.save_dir:
+        parser.error("--script goes with --dataset and ROW DATA_BIN SAVE_DIR (not --row/--data/--save-dir)")
+    given, rows = args.positional, rows_of(args.dataset)
+    if args.list and not given:
+        return
+    if len(given) == 3 and given[0] in {r.key for r in rows}:
+        args.row, args.data, args.save_dir = given
+        return
+    problem = None
+    if len(given) > 3:
+        problem = f"unexpected argument {given[3]!r} (fairseq-train arguments go after --)"
+    elif given and len(given) < 3:
+        problem = "ROW, DATA_BIN and SAVE_DIR are all needed"
+    elif given:
+        problem = f"{args.dataset} has no row {given[0]!r}"
+    ds = R.DATASETS[args.dataset]
+    lines = [f"usage: {args.script} ROW DATA_BIN SAVE_DIR [--quick] [bet-run-row options] [-- fairseq-train args]"]
+    lines += [f"error: {problem}"] if problem else []
+    lines += [f"Table 2 rows on {ds.column} ({args.dataset}):"]
+    width = max(len(r.archs[args.dataset]) for r in rows)
+    lines += [f"  {r.key:18s} --arch {r.archs[args.dataset]:{width}s}  {r.label}" for r in rows]
+    lines += [f"DATA_BIN: {ds.prepare}",
+              "bet-run-row options (--quick, --updates N, --dry-run, --force, ...): python run/table2.py --help"]
+    print("\n".join(lines), file=sys.stderr)
+    raise SystemExit(2)
+
+
+def list_rows(dataset=None):
     for r in R.ROWS:
         for d in R.MT_DATASETS + R.LM_DATASETS:
-            if d in r.archs:
+            if d in r.archs and dataset in (None, d):
                 why = availability(r, d)
                 print(f"{r.key:18s} {d:14s} {r.archs[d]:32s} {'available' if why is None else 'NOT AVAILABLE'}")
 
@@ -301,7 +326,9 @@ def run_row(args):
         row = R.row(args.row)
     except KeyError as exc:
         raise RowError(exc.args[0])
-    why = availability(row, args.dataset)
+    if args.arch:  # another row's architecture on this dataset runs that row (its settings, its result)
+        row = next((r for r in R.ROWS if r.archs.get(args.dataset) == args.arch), row)
+    why = availability(row, args.dataset, args.arch)
     if why:
         raise RowError(why)
     data, save_dir = os.path.abspath(args.data), os.path.abspath(args.save_dir)
@@ -312,7 +339,7 @@ def run_row(args):
         with open(result_path, encoding="utf-8") as f:
             return json.load(f)
     train_argv, eval_argv = build_commands(row, args.dataset, data, save_dir, args.quick, args.updates, args.extra,
-                                           cpu=args.cpu)
+                                           cpu=args.cpu, arch=args.arch)
     if args.dry_run:
         print(shlex.join(train_argv))
         print(shlex.join(eval_argv))
@@ -349,7 +376,7 @@ def run_row(args):
         raise RowError(f"no {ds.metric} found in {eval_log}")
     result = {
         "row": row.key, "row_label": row.label, "dataset": args.dataset, "column": ds.column,
-        "arch": row.archs[args.dataset], "metric": ds.metric, "value": value,
+        "arch": args.arch or row.archs[args.dataset], "metric": ds.metric, "value": value,
         "paper_value": row.paper.get(args.dataset), "quick": bool(args.quick),
         "num_updates": last_num_updates(train_log) if os.path.exists(train_log) else None,
         "command": {"train": shlex.join(train_argv), "eval": shlex.join(eval_argv)},
@@ -358,10 +385,8 @@ def run_row(args):
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **extra,
     }
-    tmp = result_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(result_path) as f:
         json.dump(result, f, indent=1)
-    os.replace(tmp, result_path)
     print(f"{row.label} on {ds.column}: {ds.metric} = {value} (paper {row.paper.get(args.dataset)}) -> {result_path}")
     return result
 
@@ -369,7 +394,7 @@ def run_row(args):
 def main(argv=None):
     args = parse_args(argv)
     if args.list:
-        list_rows()
+        list_rows(args.dataset)
         return 0
     run_row(args)
     return 0

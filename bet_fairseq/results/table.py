@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+from ..files import atomic_write
 from . import rows as R
 
 COLUMNS = R.MT_DATASETS + R.LM_DATASETS
@@ -132,10 +133,8 @@ def main(argv=None):
         raise SystemExit(f"error: no result.json under {' '.join(args.paths)}")
     text = markdown(results, all_rows=not args.only_run_rows)
     if args.output:
-        tmp = args.output + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_write(args.output) as f:
             f.write(text)
-        os.replace(tmp, args.output)
         print(f"wrote {args.output} ({len(results)} results)")
     else:
         sys.stdout.write(text)

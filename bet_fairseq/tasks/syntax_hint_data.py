@@ -2,7 +2,7 @@
 
 A hint file holds, per sentence, one integer per decoder *input* position
 (``prev_output_tokens = [eos, y_1 .. y_n]``, so ``n + 1`` values = the target length with its eos):
-the position whose token the pointer loss asks that position to attend to (BET_SPEC section 3).
+the position whose token the pointer loss asks that position to attend to (the paper's BET(SG), section 3).
 ``bet-syntax-hints`` writes them as fairseq mmap indexed datasets:
 
 ``{split}.hints.{tgt}.bin/.idx``  translation (``tgt`` = target language)
@@ -15,12 +15,14 @@ decoder input's width, shifted when the decoder input is left-padded.
 """
 
 import os
+import struct
 
 import numpy as np
 import torch
 
 from fairseq.data import BaseWrapperDataset
-from fairseq.data.indexed_dataset import MMapIndexedDataset
+from fairseq.data.indexed_dataset import MMapIndexedDataset, _code_to_dtype
+
 
 HINT_PAD = -1
 
@@ -29,14 +31,10 @@ class SyntaxHintError(ValueError):
     """A hint file that does not match the data it should annotate."""
 
 
-def hint_prefix(data_dir: str, split: str, lang: str = None) -> str:
-    """The path (without .bin/.idx) of a split's hint file."""
-    name = f"{split}.hints.{lang}" if lang else f"{split}.hints"
-    return os.path.join(data_dir, name)
-
-
 def load_hint_file(prefix: str, required: bool):
-    """The mmap dataset at ``prefix``; None if absent and not required, else a clear error."""
+    """The mmap dataset at ``prefix``; None if absent and not required, else a clear error.
+    A truncated or mismatched .bin/.idx pair is refused here (``check_hint_file_bytes``), not when the
+    first sentence it lacks is read."""
     if not MMapIndexedDataset.exists(prefix):
         if not required:
             return None
@@ -44,7 +42,52 @@ def load_hint_file(prefix: str, required: bool):
             f"syntax-hint file not found: {prefix}.bin / {prefix}.idx (make it with "
             f"bet-syntax-hints from the BPE-segmented target text of this split)"
         )
+    check_hint_file_bytes(prefix)
     return MMapIndexedDataset(prefix)
+
+
+# fairseq's mmap index: magic, version (<Q, 1), element type code (<B), sentence count (<Q); then one
+# int32 size and one int64 byte offset per sentence. Its .bin is the sentences' elements end to end.
+_INDEX_MAGIC = MMapIndexedDataset.Index._HDR_MAGIC
+_INDEX_HEADER = struct.Struct(f"<{len(_INDEX_MAGIC)}sQBQ")
+_REMAKE = "the pair is truncated or damaged: make it again with bet-syntax-hints"
+
+
+def check_hint_file_bytes(prefix: str):
+    """The .idx holds exactly what its header announces and the .bin exactly what the index points at;
+    else a SyntaxHintError naming the file (for a short .bin, the first line it no longer holds)."""
+    idx, bin_path = prefix + ".idx", prefix + ".bin"
+    idx_size, bin_size = os.path.getsize(idx), os.path.getsize(bin_path)
+    with open(idx, "rb") as f:
+        header = f.read(_INDEX_HEADER.size)
+        if len(header) < _INDEX_HEADER.size:
+            raise SyntaxHintError(f"{idx}: {idx_size} bytes, shorter than the {_INDEX_HEADER.size}-byte header "
+                                  f"of a fairseq mmap index; {_REMAKE}")
+        magic, version, code, n = _INDEX_HEADER.unpack(header)
+        if magic != _INDEX_MAGIC or version != 1 or code not in _code_to_dtype:
+            raise SyntaxHintError(f"{idx}: not a fairseq mmap index (header {header!r}); {_REMAKE}")
+        expected = _INDEX_HEADER.size + n * (4 + 8)
+        if idx_size != expected:
+            raise SyntaxHintError(
+                f"{idx}: {idx_size} bytes, but its header announces {n:,} sentences, which take {expected:,} "
+                f"bytes; {_REMAKE}"
+            )
+        sizes = np.fromfile(f, dtype=np.int32, count=n).astype(np.int64)
+        pointers = np.fromfile(f, dtype=np.int64, count=n)
+    ends = pointers + sizes * np.dtype(_code_to_dtype[code]).itemsize
+    short = np.nonzero(ends > bin_size)[0]
+    if len(short):
+        i = int(short[0])
+        raise SyntaxHintError(
+            f"{bin_path}: {bin_size:,} bytes, but line {i + 1} (of {n:,}) ends at byte {int(ends[i]):,} by its "
+            f"index {idx}; {_REMAKE}"
+        )
+    end = int(ends.max()) if n else 0
+    if bin_size != end:
+        raise SyntaxHintError(
+            f"{bin_path}: {bin_size:,} bytes, but its index {idx} accounts for {end:,}: the .bin and .idx are "
+            f"not one pair; make it again with bet-syntax-hints"
+        )
 
 
 def check_hint_sizes(hints, expected_sizes, hint_path: str, data_desc: str):

@@ -26,8 +26,9 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from ..cli_help import register_help
-from .syntax_hint_data import SyntaxHintDataset, check_hint_sizes, hint_prefix, load_hint_file
+from ..compat import register_help
+from ..hint_files import hint_prefix
+from .syntax_hint_data import SyntaxHintDataset, check_hint_sizes, load_hint_file
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,39 @@
+"""Transformer-XL's relative multi-head attention (Dai et al. 2019, section 3.3).
+
+For query i at position M + i after M earlier positions (memory, or cached keys) and key j:
+
+    A_ij = (q_i + u)^T k_j + (q_i + v)^T W_R R_{M+i-j}       (terms (a)+(c) and (b)+(d) of the paper)
+
+with ``R_d`` the sinusoid of the distance d, ``W_R`` a projection and ``u, v`` learnt per-head biases,
+then the causal mask, softmax with scale 1/sqrt(d_head) and ``A V W_o``. What stays special about
+Transformer-XL lives in its model (``models/transformer_xl_lm.py``), not here: the segment memory of
+each layer's earlier *hidden states* (detached, re-projected with the current weights), handed to this
+module as a key context longer than the queries. As a ``--self-attn-mode`` on the other architectures it
+is relative attention over the sequence alone.
+"""
+
+import torch
+from torch import nn
+
+from ..core.functional import relative_logits, relative_sinusoids
+from . import SelfAttentionVariant, register_variant
+
+
+@register_variant("relative")
+class RelativeSelfAttention(SelfAttentionVariant):
+    def __init__(self, embed_dim, num_heads, options=None, **kwargs):
+        if embed_dim % 2:
+            raise ValueError(f"relative attention needs an even embedding dim (sin/cos pairs), got {embed_dim}")
+        super().__init__(embed_dim, num_heads, options=options, **kwargs)
+        self.r_proj = nn.Linear(embed_dim, embed_dim, bias=False)  # W_R
+        self.u_bias = nn.Parameter(torch.empty(num_heads, self.head_dim))
+        self.v_bias = nn.Parameter(torch.empty(num_heads, self.head_dim))
+        for p in (self.u_bias, self.v_bias):
+            nn.init.normal_(p, std=0.02)
+
+    def scores(self, q, k, allowed):
+        src_len = k.size(2)
+        r = self.r_proj(relative_sinusoids(src_len, self.embed_dim, q.device, q.dtype))
+        r = r.view(src_len, self.num_heads, self.head_dim).transpose(0, 1)  # (H, distance, d)
+        # q comes scaled, so the biases are too: ((q + u) k + (q + v) r) / sqrt(d).
+        return relative_logits(q, k, r, self.u_bias * self.scaling, self.v_bias * self.scaling)

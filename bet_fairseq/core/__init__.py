@@ -1,0 +1,32 @@
+"""The attention math of every variant, in plain PyTorch (no fairseq import).
+
+Usable in any PyTorch model; the fairseq modules of ``bet_fairseq.attention`` are thin adapters over
+these functions. Conventions: ``q, k, v`` are ``(batch, heads, length, head_dim)``; a query block is
+the *last* ``T`` of the ``S`` key positions (so a full sequence and one incremental decoding step are
+the same computation); ``allowed`` is a boolean mask broadcastable to ``(batch, heads, T, S)`` or
+``None`` (every key visible); logits and softmax are computed in float32 whatever the input dtype.
+"""
+
+from .masks import (  # noqa: F401
+    causal_allowed,
+    diagonal_free,
+    masked_log_softmax,
+    masked_softmax,
+    own_position,
+    safe_sdpa,
+)
+from .functional import (  # noqa: F401
+    bet_authors_attention,
+    bet_authors_key_scores,
+    bet_authors_logits,
+    bet_key_scores,
+    bet_sf_attention,
+    bet_sf_logits,
+    hopfield_logits,
+    localness_bias,
+    relative_logits,
+    relative_sinusoids,
+    scale_diagonal,
+    top_k_keep,
+)
+from .modules import BirdEyeSelfAttention  # noqa: F401

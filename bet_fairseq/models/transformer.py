@@ -1,0 +1,37 @@
+"""Encoder-decoder models for translation: fairseq's TransformerModel with the decoder self-attention
+replaced by a ``--self-attn-mode`` variant (the paper: in translation, the decoder only)."""
+
+from fairseq.models import register_model
+from fairseq.models.transformer import TransformerModel
+
+from ..attention import check_variant
+from .decoder import VariantTransformerDecoder
+from .options import add_attention_args, upgrade_legacy_options
+
+
+@register_model("bet_transformer")
+class VariantTransformerModel(TransformerModel):
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_attention_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        from .architectures import translation_defaults
+
+        upgrade_legacy_options(args)
+        translation_defaults(args)
+        check_variant(args, args.decoder_attention_heads)  # fail on bad options before anything is built
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return VariantTransformerDecoder(
+            args, tgt_dict, embed_tokens, no_encoder_attn=getattr(args, "no_cross_attention", False)
+        )
+
+
+@register_model("baseline_transformer")
+class LegacyBaselineTransformerModel(VariantTransformerModel):
+    """The model name of version 0.1's localness / sparse_topk / hopfield checkpoints."""

@@ -1,0 +1,204 @@
+"""The training and evaluation recipes, in one place: the paper's settings per dataset, the tiny
+``--quick`` ones, and the side-by-side demo's and the speed benchmark's (each a dataset recipe plus
+overrides). The Table 2 row driver (``bet-run-row``), the main job (``run/train_bet_sf_iwslt.sh``),
+``run/demo_side_by_side.py`` and ``run/bench_speed.py`` all take their flags from here, so they
+cannot drift apart.
+
+A recipe is a dict ``{"--flag": value}`` of fairseq command-line options; ``to_argv`` turns it into
+an argv list: ``True`` gives a bare flag, ``None`` (or ``False``) leaves the flag out, so that in an
+override it removes the flag of the recipe underneath (``merge``). Pure Python: imports neither
+fairseq nor torch.
+
+    python -m bet_fairseq.recipes train iwslt14_de_en [--quick] [--updates N]   # fairseq-train flags
+    python -m bet_fairseq.recipes eval iwslt14_de_en                            # fairseq-generate / eval-lm flags
+    python -m bet_fairseq.recipes demo-train | demo-eval | bench                # the demo's, the benchmark's
+
+(prints the flags shell-quoted, for scripts; the data folder, ``--arch``, ``--user-dir``,
+``--save-dir`` and ``--path`` are the caller's).
+"""
+
+import argparse
+import shlex
+import sys
+from typing import Dict, List, Optional
+
+Flags = Dict[str, object]
+
+MT_DATASETS = ("iwslt14_de_en", "wmt17_en_de")
+LM_DATASETS = ("wikitext2", "wikitext103", "enwik8")
+DATASETS = MT_DATASETS + LM_DATASETS
+
+
+def merge(*recipes: Flags) -> Flags:
+    """Later recipes override earlier ones (and move the flag to their position); ``None`` removes."""
+    out: Flags = {}
+    for recipe in recipes:
+        for name, value in recipe.items():
+            out.pop(name, None)
+            out[name] = value
+    return out
+
+
+def to_argv(flags: Flags) -> List[str]:
+    """``{"--lr": 5e-4, "--cpu": True, "--patience": None}`` -> ``["--lr", "0.0005", "--cpu"]``."""
+    argv = []
+    for name, value in flags.items():
+        if value is None or value is False:
+            continue
+        argv.append(name)
+        if value is not True:
+            argv.append(str(value))
+    return argv
+
+
+def mt_sizes(layers: int, dim: int, ffn: int, heads: int) -> Flags:
+    """Encoder and decoder sizes of a small translation model (given sizes override the --arch's)."""
+    return {f"--{side}-{name}": value for side in ("encoder", "decoder")
+            for name, value in (("layers", layers), ("embed-dim", dim), ("ffn-embed-dim", ffn),
+                                ("attention-heads", heads))}
+
+
+def lm_sizes(layers: int, dim: int, ffn: int, heads: int) -> Flags:
+    """Decoder sizes of a small language model."""
+    return {"--decoder-layers": layers, "--decoder-embed-dim": dim, "--decoder-ffn-embed-dim": ffn,
+            "--decoder-attention-heads": heads}
+
+
+def kind(dataset: str) -> str:
+    """"mt" (translation) or "lm" (language modelling)."""
+    if dataset not in DATASETS:
+        raise KeyError(f"unknown dataset {dataset!r}; datasets: {', '.join(DATASETS)}")
+    return "mt" if dataset in MT_DATASETS else "lm"
+
+
+# ----------------------------------------------------------------------------- the paper's settings
+
+# Validation BLEU choosing checkpoint_best.pt (beam 5, Moses detokenised, BPE removed).
+VALID_BLEU: Flags = {
+    "--eval-bleu": True, "--eval-bleu-args": '{"beam": 5, "max_len_a": 1.2, "max_len_b": 10}',
+    "--eval-bleu-detok": "moses", "--eval-bleu-remove-bpe": True,
+    "--best-checkpoint-metric": "bleu", "--maximize-best-checkpoint-metric": True,
+}
+NO_VALID_BLEU: Flags = {flag: None for flag in VALID_BLEU}  # checkpoint_best.pt by validation loss
+
+# fairseq's IWSLT14 recipe (examples/translation/README.md); the authors used it for WMT17 too.
+_MT_RECIPE: Flags = {
+    "--share-decoder-input-output-embed": True,
+    "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)", "--clip-norm": 0.0,
+    "--lr": 5e-4, "--lr-scheduler": "inverse_sqrt", "--warmup-updates": 4000,
+    "--dropout": 0.3, "--weight-decay": 0.0001,
+    "--criterion": "label_smoothed_cross_entropy", "--label-smoothing": 0.1,
+    "--max-tokens": 4096,
+    **VALID_BLEU,
+}
+# LM (BET_SPEC section 5/6): Adam lr 1e-3 with the authors' eps 1e-3, batch 64 blocks of 512 tokens.
+# The authors' amsgrad is not an option of fairseq's adam (FairseqAdamConfig has no amsgrad field).
+_LM_RECIPE: Flags = {
+    "--task": "language_modeling", "--tokens-per-sample": 512, "--sample-break-mode": "none", "--batch-size": 64,
+    "--optimizer": "adam", "--adam-betas": "(0.9, 0.98)", "--adam-eps": 1e-3, "--clip-norm": 0.0,
+    "--lr": 1e-3, "--lr-scheduler": "inverse_sqrt", "--warmup-updates": 4000, "--warmup-init-lr": 1e-7,
+    "--weight-decay": 0.01, "--dropout": 0.1, "--criterion": "cross_entropy",
+}
+TRAIN: Dict[str, Flags] = {
+    "iwslt14_de_en": {"--task": "translation", "--source-lang": "de", "--target-lang": "en", **_MT_RECIPE,
+                      "--max-epoch": 50},
+    "wmt17_en_de": {"--task": "translation", "--source-lang": "en", "--target-lang": "de", **_MT_RECIPE,
+                    "--max-update": 100000},
+    "wikitext2": {**_LM_RECIPE, "--dropout": 0.3, "--warmup-updates": 1000, "--max-epoch": 200, "--patience": 10},
+    "wikitext103": {**_LM_RECIPE, "--max-update": 200000},
+    "enwik8": {**_LM_RECIPE, "--max-update": 200000},
+}
+COMMON_TRAIN: Flags = {"--seed": 1, "--no-epoch-checkpoints": True, "--log-format": "json", "--log-interval": 100}
+
+# --required-batch-size-multiple 1: fairseq-fixed 0.12.3.1's batch_by_size drops the last
+# (n mod multiple) items of a split (default multiple 8), e.g. 6 of IWSLT14's 6,750 test pairs.
+EVAL: Dict[str, Flags] = {
+    "mt": {"--task": "translation", "--gen-subset": "test", "--beam": 5, "--batch-size": 128, "--remove-bpe": True,
+           "--required-batch-size-multiple": 1},
+    "lm": {"--task": "language_modeling", "--gen-subset": "test", "--tokens-per-sample": 512, "--context-window": 400,
+           "--batch-size": 8, "--required-batch-size-multiple": 1},
+}
+
+# ----------------------------------------------------------------------------- --quick
+
+# A tiny model and a few updates, minutes on a CPU (smoke tests, not results).
+QUICK_UPDATES = 20
+QUICK_TRAIN: Dict[str, Flags] = {
+    "mt": {**mt_sizes(2, 32, 64, 4), "--max-tokens": 1024, "--warmup-updates": 10, "--lr": 2e-3,
+           "--max-epoch": None, **NO_VALID_BLEU},
+    "lm": {**lm_sizes(2, 32, 64, 4), "--tokens-per-sample": 64, "--batch-size": 16, "--warmup-updates": 10,
+           "--lr": 2e-3, "--max-epoch": None, "--patience": None},
+}
+QUICK_COMMON: Flags = {"--log-interval": 2, "--num-workers": 0}
+QUICK_EVAL: Dict[str, Flags] = {
+    "mt": {"--batch-size": 64, "--max-len-a": 1.2, "--max-len-b": 10, "--num-workers": 0},
+    "lm": {"--tokens-per-sample": 64, "--context-window": 32, "--batch-size": 16, "--num-workers": 0},
+}
+
+
+def train_recipe(dataset: str, quick: bool = False, updates: Optional[int] = None) -> Flags:
+    """fairseq-train flags of a Table 2 run on ``dataset`` (before a row's own flags)."""
+    flags = merge(TRAIN[dataset], COMMON_TRAIN)
+    if quick:
+        updates = updates or QUICK_UPDATES
+        flags = merge(flags, QUICK_TRAIN[kind(dataset)], QUICK_COMMON,
+                      {"--max-update": updates, "--validate-interval-updates": max(1, updates // 2)})
+    elif updates:
+        flags = merge(flags, {"--max-update": updates})
+    return flags
+
+
+def eval_recipe(dataset: str, quick: bool = False) -> Flags:
+    """fairseq-generate (translation) or fairseq-eval-lm (language modelling) flags on the test split."""
+    k = kind(dataset)
+    return merge(EVAL[k], QUICK_EVAL[k]) if quick else dict(EVAL[k])
+
+
+# ----------------------------------------------------------------------------- demo and benchmark
+
+# The two models compared side by side (demo, speed benchmark): only the decoder self-attention differs.
+SIDE_BY_SIDE = (("vanilla", "transformer_iwslt_de_en"), ("bet_sf", "bet_sf_iwslt"))
+
+# run/demo_side_by_side.py: IWSLT14's recipe on a 3+3-layer, 128-dimension model, 500 updates on a CPU,
+# no weight decay, lighter dropout and a faster schedule; keeps the last checkpoint (no validation BLEU).
+DEMO_TRAIN: Flags = merge(train_recipe("iwslt14_de_en"), mt_sizes(3, 128, 256, 4), NO_VALID_BLEU, {
+    "--lr": 2e-3, "--warmup-updates": 400, "--dropout": 0.1, "--weight-decay": None,
+    "--max-epoch": None, "--max-update": 500,
+    "--log-format": "simple", "--log-interval": 50, "--no-progress-bar": True, "--cpu": True, "--num-workers": 0,
+})
+DEMO_EVAL: Flags = merge(eval_recipe("iwslt14_de_en"), {"--cpu": True, "--max-len-a": 1.2, "--max-len-b": 10})
+
+# run/bench_speed.py: IWSLT14's recipe as fairseq's builders see it (no validation BLEU, no logging);
+# the benchmark sets its own --max-tokens and languages.
+BENCH_TRAIN: Flags = merge(train_recipe("iwslt14_de_en"), NO_VALID_BLEU, {"--log-format": "none", "--num-workers": 0})
+BENCH_SMALL = mt_sizes(3, 256, 512, 4)  # its --size small: a CI-sized model
+
+_NAMED = {"demo-train": DEMO_TRAIN, "demo-eval": DEMO_EVAL, "bench": BENCH_TRAIN}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bet_fairseq.recipes",
+                                description="Print a recipe's fairseq flags, shell-quoted on one line.")
+    p.add_argument("recipe", choices=("train", "eval", *_NAMED))
+    p.add_argument("dataset", nargs="?", help="with train / eval: " + ", ".join(DATASETS))
+    p.add_argument("--quick", action="store_true", help="the tiny --quick settings")
+    p.add_argument("--updates", type=int, help="train: --max-update")
+    args = p.parse_args(argv)
+    if args.recipe in _NAMED:
+        if args.dataset or args.quick or args.updates:
+            p.error(f"{args.recipe} takes no dataset, --quick or --updates")
+        flags = _NAMED[args.recipe]
+    elif args.dataset not in DATASETS:
+        p.error(f"{args.recipe} needs a dataset: {', '.join(DATASETS)}")
+    elif args.recipe == "train":
+        flags = train_recipe(args.dataset, args.quick, args.updates)
+    else:
+        if args.updates:
+            p.error("--updates goes with train")
+        flags = eval_recipe(args.dataset, args.quick)
+    print(shlex.join(to_argv(flags)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
