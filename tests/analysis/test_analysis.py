@@ -93,7 +93,8 @@ def test_uniform_attention_matches_hand_computation(vocab, left_pad):
     assert sample["net_input"]["src_tokens"].eq(vocab.pad()).sum() == (5 - 2) + (5 - 3)
 
     for include_row0, ca in ((False, ca_without_row0), (True, ca_with_row0)):
-        acc = collect_attention_stats(model, attentions, [sample], vocab.pad(), include_first_row=include_row0)
+        acc = collect_attention_stats(model, attentions, [sample], vocab.pad(), include_first_row=include_row0,
+                                      ha_over="heads")  # counts per head
         result = acc.result()
         assert set(result) == {"final"}  # no first pass in a vanilla model
         assert len(result["final"]) == 2
@@ -126,7 +127,7 @@ def test_streaming_equals_full_computation(vocab, arch):
     model = build(vocab, "language_modeling", arch, TINY_DECODER, seed=3)
     attentions = decoder_self_attentions(model)
     batches = [lm_sample(vocab, lengths, seed=s) for s, lengths in enumerate([[4, 7, 2], [9], [3, 3, 6, 5]])]
-    acc = collect_attention_stats(model, attentions, batches, vocab.pad())
+    acc = collect_attention_stats(model, attentions, batches, vocab.pad(), ca_rows="skip-first", ha_over="heads")
 
     # Reference: each sentence alone (batch of one, no padding), matrices kept and stacked.
     per_layer = {"final": [[] for _ in attentions], "first_pass": [[] for _ in attentions]}
@@ -224,9 +225,9 @@ def test_command_on_real_checkpoints(checkpoints, capsys):
 
     data, work = checkpoints["data"], checkpoints["work"]
     out = work / "out"
-    # BET(SF) through the real console script; row 0 excluded (the default).
+    # BET(SF) through the real console script; row 0 excluded (--ca-rows skip-first).
     cli("bet-analyze", "stats", checkpoints["bet_sf"], "--data", data, "--split", "valid", "--cpu",
-        "--max-tokens", "300", "--out", out / "sf", "--no-progress")
+        "--max-tokens", "300", "--out", out / "sf", "--no-progress", "--ca-rows", "skip-first")
     sf = json.loads((out / "sf.json").read_text())
     assert sf["self_attn_mode"] == "bet_sf" and sf["sentences"] == 100
     assert len(sf["matrices"]["final"]) == 2 and len(sf["matrices"]["first_pass"]) == 2
@@ -246,6 +247,7 @@ def test_command_on_real_checkpoints(checkpoints, capsys):
                   "--no-progress"])
     van = json.loads((out / "vanilla.json").read_text())
     assert set(van["matrices"]) == {"final"} and van["arch"] == "transformer_iwslt_de_en"
+    assert (van["ca_rows"], van["ha_over"]) == ("all", "head-mean") and van["definition"] in (out / "vanilla.md").read_text()
     for layer in van["matrices"]["final"]:
         assert 0 < layer["CA"] < 1 and 0 < layer["HA_mean"] < 1
         assert layer["Ratio"] == pytest.approx(layer["CA"] / layer["HA_mean"])

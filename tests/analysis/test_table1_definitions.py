@@ -23,7 +23,7 @@ HEAD1 = [[1.0, 0.0, 0.0, 0.0],
          [0.9, 0.1, 0.0, 0.0],
          [0.6, 0.2, 0.2, 0.0],
          [NAN, NAN, NAN, NAN]]
-PROBS = torch.tensor([[HEAD0, HEAD1]])  # (B=1, H=2, T=4, T=4)
+PROBS = torch.tensor([[HEAD0, HEAD1]], dtype=torch.float64)  # (B=1, H=2, T=4, T=4)
 VALID = torch.tensor([[True, True, True, False]])
 
 # By hand.
