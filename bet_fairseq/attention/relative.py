@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..core.functional import relative_logits, relative_sinusoids
+from ..core.masks import own_position
 from . import SelfAttentionVariant, register_variant
 
 
@@ -30,10 +31,19 @@ class RelativeSelfAttention(SelfAttentionVariant):
         self.v_bias = nn.Parameter(torch.empty(num_heads, self.head_dim))
         for p in (self.u_bias, self.v_bias):
             nn.init.normal_(p, std=0.02)
+        self.clamp_len = None  # or the largest distance with its own embedding
+        self.same_length = None  # or the number of positions each query sees
+
+    def restrict(self, q, k, allowed):
+        if self.same_length is None:
+            return allowed
+        tgt_len, src_len = q.size(2), k.size(2)
+        own = own_position(tgt_len, src_len, q.device).float().argmax(-1, keepdim=True)  # (T, 1)
+        return allowed & ((own - torch.arange(src_len, device=q.device)) < self.same_length)
 
     def scores(self, q, k, allowed):
         src_len = k.size(2)
         r = self.r_proj(relative_sinusoids(src_len, self.embed_dim, q.device, q.dtype))
         r = r.view(src_len, self.num_heads, self.head_dim).transpose(0, 1)  # (H, distance, d)
         # q comes scaled, so the biases are too: ((q + u) k + (q + v) r) / sqrt(d).
-        return relative_logits(q, k, r, self.u_bias * self.scaling, self.v_bias * self.scaling)
+        return relative_logits(q, k, r, self.u_bias * self.scaling, self.v_bias * self.scaling, self.clamp_len)

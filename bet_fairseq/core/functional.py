@@ -231,19 +231,20 @@ def relative_sinusoids(length: int, dim: int, device=None, dtype=torch.float) ->
     return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)
 
 
-def relative_logits(q: Tensor, k: Tensor, r: Tensor, u: Tensor, v: Tensor) -> Tensor:
+def relative_logits(q: Tensor, k: Tensor, r: Tensor, u: Tensor, v: Tensor, clamp_len: Optional[int] = None) -> Tensor:
     """Transformer-XL (Dai et al. 2019, 3.3): ``(q_i + u)^T k_j + (q_i + v)^T r_{i-j}``.
 
     q (B, H, T, d), k (B, H, S, d) with the queries at the last T positions; r (H, S, d) the projected
     sinusoids of the distances 0 .. S-1; u, v (H, d). The distance term is computed once per distance
     and gathered into the (i, j) grid (the same numbers as the paper's relative shift). Distances < 0
-    (future keys) read distance 0; the causal mask removes them.
+    (future keys) read distance 0; the causal mask removes them. ``clamp_len``: distances beyond it read
+    ``r`` of ``clamp_len`` (the reference code's ``clamp_len``).
     """
     tgt_len, src_len = q.size(2), k.size(2)
     content = torch.matmul(q + u.unsqueeze(1), k.transpose(-1, -2))
     by_distance = torch.matmul(q + v.unsqueeze(1), r.transpose(-1, -2))  # (B, H, T, distance)
     qpos = torch.arange(src_len - tgt_len, src_len, device=q.device).unsqueeze(1)
-    distance = (qpos - torch.arange(src_len, device=q.device).unsqueeze(0)).clamp(min=0)
+    distance = (qpos - torch.arange(src_len, device=q.device).unsqueeze(0)).clamp(min=0, max=clamp_len)
     return content + by_distance.gather(-1, distance.expand(q.size(0), q.size(1), -1, -1))
 
 

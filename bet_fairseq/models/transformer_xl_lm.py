@@ -48,6 +48,12 @@ class TransformerXLConfig(FairseqDataclass):
     mem_len: int = field(
         default=150, metadata={"help": "Transformer-XL: hidden states of this many previous positions kept as memory "
                                         "per layer (0: no recurrence); eval-lm may override it"})
+    same_length: bool = field(
+        default=False, metadata={"help": "Transformer-XL: every query sees the same number of positions, the last "
+                                         "--mem-len (itself included), as the reference code's evaluation"})
+    clamp_len: int = field(
+        default=-1, metadata={"help": "Transformer-XL: distances beyond this share its relative embedding, as the "
+                                      "reference code's evaluation (-1: no clamping)"})
 
 
 def validate_txl(cfg):
@@ -60,6 +66,10 @@ def validate_txl(cfg):
         raise ValueError(f"--mem-len must be an integer >= 0, got {cfg.mem_len}")
     if cfg.decoder_layers < 1:
         raise ValueError(f"--decoder-layers must be >= 1, got {cfg.decoder_layers}")
+    if getattr(cfg, "same_length", False) and cfg.mem_len < 1:
+        raise ValueError("--same-length needs --mem-len >= 1 (the number of positions every query sees)")
+    if getattr(cfg, "clamp_len", -1) is not None and getattr(cfg, "clamp_len", -1) < -1:
+        raise ValueError(f"--clamp-len must be -1 (none) or a distance >= 0, got {cfg.clamp_len}")
 
 
 class TransformerXLLayer(nn.Module):
@@ -96,6 +106,10 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
         self.embed_scale = math.sqrt(dim)
         self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
         self.layers = nn.ModuleList(TransformerXLLayer(cfg) for _ in range(cfg.decoder_layers))
+        clamp_len = getattr(cfg, "clamp_len", -1)
+        for layer in self.layers:
+            layer.self_attn.clamp_len = None if clamp_len is None or clamp_len < 0 else int(clamp_len)
+            layer.self_attn.same_length = cfg.mem_len if getattr(cfg, "same_length", False) else None
         self.layer_norm = LayerNorm(dim)
         if cfg.share_decoder_input_output_embed:
             self.output_projection = None

@@ -109,6 +109,11 @@ def test_train_and_eval_lm(lm_data, tmp_path):
     result = eval_lm_in_process([lm_data, "--user-dir", USER_DIR, "--path", checkpoint, *TXL_TASK, "--cpu",
                                  "--gen-subset", "test", "--model-overrides", "{'mem_len': 64}"])
     assert 1 < result["perplexity"] < 1e6
+    # the reference code's evaluation settings, as the Table 2 row passes them: they reach the model
+    same = eval_lm_in_process([lm_data, "--user-dir", USER_DIR, "--path", checkpoint, *TXL_TASK, "--cpu",
+                               "--gen-subset", "test", "--model-overrides",
+                               "{'mem_len': 64, 'same_length': True, 'clamp_len': 3}"])
+    assert 1 < same["perplexity"] < 1e6 and same["perplexity"] != result["perplexity"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -119,7 +124,45 @@ def test_train_and_eval_lm(lm_data, tmp_path):
       "--max-tokens", "512"], "needs --task bet_truncated_bptt_lm"),
     (["--arch", "transformer_xl_lm", *TINY_LM, *COMMON_TRAIN, "--task", "bet_truncated_bptt_lm", "--max-tokens", "512"],
      "needs --batch-size"),
-], ids=["mem_len", "odd_dim", "task", "batch_size"])
+    (["--arch", "transformer_xl_lm", *TXL_TRAIN, "--mem-len", "0", "--same-length"], "--same-length needs --mem-len >= 1"),
+    (["--arch", "transformer_xl_lm", *TXL_TRAIN, "--clamp-len", "-2"], "--clamp-len must be -1 (none)"),
+], ids=["mem_len", "odd_dim", "task", "batch_size", "same_length", "clamp_len"])
 def test_bad_options_are_clear_errors(lm_data, tmp_path, argv, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         train_in_process(lm_data, tmp_path, *argv, "--no-save", updates=1)
+
+
+def test_same_length_and_clamp_len_against_hand_built_equivalents():
+    """same_length: every query sees exactly its last mem_len positions (itself included), checked against
+    the unrestricted model given that window as an explicit mask; clamp_len: distances beyond it use the
+    embedding of clamp_len, checked against a loop over the relative logits."""
+    from bet_fairseq.core.functional import relative_logits
+
+    decoder, _ = tiny_txl(mem_len=4)
+    attn = decoder.layers[0].self_attn.eval()
+    T, M, B, E = 5, 3, 2, 16
+    x, mem = torch.randn(T, B, E, dtype=torch.double), torch.randn(M, B, E, dtype=torch.double)
+    ctx = torch.cat([mem, x])
+    S = M + T
+    window = torch.full((T, S), float("-inf"), dtype=torch.double)
+    for i in range(T):
+        for j in range(S):
+            if M + i - 4 < j <= M + i:  # the last 4 positions up to query i
+                window[i, j] = 0.0
+    attn.same_length = 4
+    restricted, w1 = attn(x, ctx, ctx, need_weights=True, need_head_weights=True)
+    attn.same_length = None
+    explicit, _ = attn(x, ctx, ctx, attn_mask=window, need_weights=False)
+    torch.testing.assert_close(restricted, explicit)
+    assert ((w1 > 0).sum(-1) == 4).all()  # every query: exactly 4 keys
+
+    q, k = torch.randn(1, 2, T, 8, dtype=torch.double), torch.randn(1, 2, S, 8, dtype=torch.double)
+    r, u, v = (torch.randn(2, S, 8, dtype=torch.double), torch.randn(2, 8, dtype=torch.double),
+               torch.randn(2, 8, dtype=torch.double))
+    got = relative_logits(q, k, r, u, v, clamp_len=2)
+    for h in range(2):
+        for i in range(T):
+            for j in range(M + i + 1):
+                d = min(M + i - j, 2)
+                want = float((q[0, h, i] + u[h]) @ k[0, h, j] + (q[0, h, i] + v[h]) @ r[h, d])
+                assert abs(float(got[0, h, i, j]) - want) < 1e-9

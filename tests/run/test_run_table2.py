@@ -309,10 +309,14 @@ def test_clear_errors(tmp_path, iwslt_bin, monkeypatch, capsys):
 
 def test_bet_sg_lm_selects_on_the_language_model_loss_and_txl_memory_covers_a_segment(tmp_path):
     """BET(SG)'s validation loss includes lambda_p * L_p: checkpoint_best and --patience must use the LM loss
-    alone (nll_loss). Transformer-XL's memory is at least one segment long, as in its reference code."""
+    alone (nll_loss). Transformer-XL's memory is at least one segment long and its evaluation uses same_length
+    and clamp_len, as in its reference code."""
     for dataset in R.LM_DATASETS:
         train, _ = runner.build_commands(R.row("bet_sg"), dataset, str(tmp_path), str(tmp_path / "s"), cpu=True)
         assert train[train.index("--best-checkpoint-metric") + 1] == "nll_loss"
         assert "--maximize-best-checkpoint-metric" not in train
-        train, _ = runner.build_commands(R.row("transformer_xl"), dataset, str(tmp_path), str(tmp_path / "s"), cpu=True)
+        train, ev = runner.build_commands(R.row("transformer_xl"), dataset, str(tmp_path), str(tmp_path / "s"), cpu=True)
         assert int(train[train.index("--mem-len") + 1]) >= int(train[train.index("--tokens-per-sample") + 1])
+        # and it is evaluated as the reference code evaluates: same_length, clamp_len
+        overrides = ast.literal_eval(ev[ev.index("--model-overrides") + 1])
+        assert overrides == {"same_length": True, "clamp_len": 400}
