@@ -98,10 +98,15 @@ class SelfAttentionVariant(MultiheadAttention):
             allowed = self.restrict(q, k, allowed)
         if not exact and self.use_fused_attention and not self._overrides("scores"):
             return Attended(safe_sdpa(q, k, v, allowed, self.dropout_p()))
-        logits = self.scores(q, k, allowed)
-        probs = masked_softmax(logits, allowed, q.dtype)
+        return self.attend_to_logits(self.scores(q, k, allowed), allowed, v)
+
+    def attend_to_logits(self, logits: Tensor, allowed: Optional[Tensor], v: Tensor,
+                         cache: Optional[Dict[str, Tensor]] = None, first_pass: Optional[Tensor] = None) -> Attended:
+        """The exact path's end, shared by every variant that materialises its logits: masked softmax
+        (float32), its log in log space when capturing, dropout, ``A V``."""
+        probs = masked_softmax(logits, allowed, v.dtype)
         log_probs = masked_log_softmax(logits, allowed) if self.capture_attention else None
-        return Attended(torch.matmul(self.dropout_module(probs), v), probs, log_probs=log_probs)
+        return Attended(torch.matmul(self.dropout_module(probs), v), probs, cache or {}, first_pass, log_probs)
 
     def output_projection(self, out: Tensor) -> Tensor:
         """The projection of ``attend``'s output with the heads merged, (T, B, E): ``out_proj``."""

@@ -22,7 +22,6 @@ from torch import nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..core.functional import bet_authors_fused, bet_authors_logits, bet_sf_fused, bet_sf_logits
-from ..core.masks import masked_log_softmax, masked_softmax
 from . import Attended, SelfAttentionVariant, register_variant
 
 BET_FORMS = ("equations", "authors", "authors_lm")
@@ -91,10 +90,7 @@ class BetSFSelfAttention(SelfAttentionVariant):
             return Attended(bet_sf_fused(q, k, v, self.bet_w, allowed, keep, self.dropout_p()))
         logits, final_allowed, first, r, vw = bet_sf_logits(
             q, k, v, self.bet_w, allowed, keep, cache.get("bet_r"), cache.get("bet_vw"))
-        probs = masked_softmax(logits, final_allowed, q.dtype)
-        log_probs = masked_log_softmax(logits, final_allowed) if self.capture_attention else None
-        out = torch.matmul(self.dropout_module(probs), v)
-        return Attended(out, probs, {"bet_r": r, "bet_vw": vw}, first, log_probs)
+        return self.attend_to_logits(logits, final_allowed, v, {"bet_r": r, "bet_vw": vw}, first)
 
     def attend_authors(self, q, k, v, allowed, cache, exact):
         """The authors' forms: ``out_proj`` makes the first pass's H (for R); the second pass's output
@@ -107,10 +103,7 @@ class BetSFSelfAttention(SelfAttentionVariant):
                                               self.dropout_p()))
         logits, final_allowed, first, r = bet_authors_logits(
             q, k, v, w.weight, w.bias, self.out_proj, allowed, keep, r_input, self.dropout_module, cache.get("bet_r"))
-        probs = masked_softmax(logits, final_allowed, q.dtype)
-        log_probs = masked_log_softmax(logits, final_allowed) if self.capture_attention else None
-        out = torch.matmul(self.dropout_module(probs), v)
-        return Attended(out, probs, {"bet_r": r}, first, log_probs)
+        return self.attend_to_logits(logits, final_allowed, v, {"bet_r": r}, first)
 
     def output_projection(self, out):
         return self.out_proj(out) if self.bet_form == "equations" else self.bet_out_proj2(out)

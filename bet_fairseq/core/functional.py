@@ -106,7 +106,7 @@ def bet_sf_fused(q: Tensor, k: Tensor, v: Tensor, w: Tensor, allowed: Tensor, ke
     w_h, w_k = split_bet_w(w, q.size(3), q.dtype)
     hw = first_pass_value_scores(q, k, torch.matmul(v, w_h), allowed)
     r = bet_key_scores(hw, k, w_k)
-    final_allowed = allowed if keep_diagonal else diagonal_free(allowed)
+    final_allowed = second_pass_allowed(allowed, keep_diagonal, q.size(2), k.size(2), q.device)
     return safe_sdpa(q, k * r.unsqueeze(-1), v, final_allowed, dropout_p)
 
 
