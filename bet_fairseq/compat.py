@@ -17,6 +17,12 @@ Tools that do not run models (``bet-syntax-hints``, ``bet-results``) never impor
 5. ``show_plugin_options_in_help``  fairseq prints ``--help`` during its *first* parse, before any model
    has added its options; only when ``-h``/``--help`` is on the command line, ``parse_args_and_arch`` is
    wrapped to add the plugin's option groups (``register_help``) to the parser it prints.
+6. ``upgrade_older_checkpoints``  an option added after a checkpoint was saved is absent from its stored
+   model configuration, and an architecture would fill today's default (say the library configuration of
+   Hopfield) into a model trained with the earlier behaviour. Before fairseq upgrades a loaded checkpoint
+   (``checkpoint_utils._upgrade_state_dict``), each option declared by ``option_added`` that a bet_fairseq
+   model's stored configuration lacks is set to the value that reproduces what the checkpoint was trained
+   with. Checkpoints of other models are untouched.
 
 Distributed training, in detail. fairseq 0.12 gets three things wrong when launched by ``torchrun``
 without GPUs:
@@ -38,6 +44,7 @@ for single-process runs, Slurm, ``--distributed-init-method`` or fairseq's own m
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import sys
@@ -220,6 +227,67 @@ def restore_np_compat_long():
         np.compat.long = np.int64
 
 
+# ------------------------------------------------------------------------------- older checkpoints
+OPTIONS_ADDED = {}  # option name -> the value that means the behaviour from before the option existed
+
+
+def option_added(name: str, value_before):
+    """Declare a model option that checkpoints saved before it existed lack, and the value that keeps
+    their behaviour (see ``upgrade_older_checkpoints``)."""
+    OPTIONS_ADDED[name] = value_before
+
+
+def _is_bet_fairseq_model(model_cfg) -> bool:
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+
+    for key in ("_name", "arch"):
+        name = _get_option(model_cfg, key)
+        model = ARCH_MODEL_REGISTRY.get(name) or MODEL_REGISTRY.get(name)
+        if model is not None:
+            return model.__module__.startswith("bet_fairseq.")
+    return False
+
+
+def _get_option(model_cfg, name):
+    if isinstance(model_cfg, argparse.Namespace):
+        return getattr(model_cfg, name, None)
+    return model_cfg.get(name) if name in model_cfg else None
+
+
+def fill_options_added(state) -> None:
+    """Set, in a loaded checkpoint's model configuration, every option it lacks (see ``option_added``)."""
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = state.get("cfg")
+    model_cfg = cfg.get("model") if cfg is not None else state.get("args")
+    if model_cfg is None or not _is_bet_fairseq_model(model_cfg):
+        return
+    if isinstance(model_cfg, argparse.Namespace):
+        for name, value in OPTIONS_ADDED.items():
+            if not hasattr(model_cfg, name):
+                setattr(model_cfg, name, value)
+        return
+    with open_dict(model_cfg) if OmegaConf.is_config(model_cfg) else contextlib.nullcontext():
+        for name, value in OPTIONS_ADDED.items():
+            if name not in model_cfg:
+                model_cfg[name] = value
+
+
+def upgrade_older_checkpoints():
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils._upgrade_state_dict
+    if getattr(original, "_bet_fills_options", False):
+        return
+
+    def _upgrade_state_dict(state):
+        fill_options_added(state)
+        return original(state)
+
+    _upgrade_state_dict._bet_fills_options = True
+    checkpoint_utils._upgrade_state_dict = _upgrade_state_dict
+
+
 # ------------------------------------------------------------------------------- --help
 _HELP_GROUPS = []  # (group title, FairseqDataclass class)
 
@@ -256,3 +324,4 @@ def install():
     keep_last_batch()
     restore_np_compat_long()
     show_plugin_options_in_help()
+    upgrade_older_checkpoints()

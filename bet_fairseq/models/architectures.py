@@ -32,7 +32,7 @@ ROWS = {
     "routing": dict(self_attn_mode="routing"),
 }
 TRANSLATION_SIZES = {"iwslt": transformer_iwslt_de_en, "wmt_en_de": transformer_wmt_en_de}
-# Language models (the paper's LM settings and the authors' code), 6 layers, pre-norm as fairseq's.
+# Language models (the paper's LM settings and the authors' code), 6 layers, post-norm as the paper's.
 # WikiText-103 takes 6 heads: the authors' 8 do not divide 300.
 LM_SIZES = {
     "wikitext2": dict(decoder_embed_dim=300, decoder_ffn_embed_dim=1200, decoder_attention_heads=4),
@@ -59,8 +59,14 @@ def apply_lm_size(args, size):
 
 
 def lm_defaults(args):
+    """fairseq's ``base_lm_architecture``, except that it does not force pre-norm: the paper's layers
+    (its equations 2-3) and the authors' code are post-norm, and fairseq's flag
+    ``--decoder-normalize-before`` keeps its meaning (pre-norm when given). Checkpoints saved while
+    fairseq forced it store ``decoder_normalize_before=True`` and so stay pre-norm."""
     fill(args, self_attn_mode="vanilla")
+    normalize_before = safe_getattr(args, "decoder_normalize_before", False)
     base_lm_architecture(args)
+    args.decoder_normalize_before = bool(normalize_before)
 
 
 def _row_settings(args, arch_name, row):

@@ -1,4 +1,5 @@
-"""fairseq's TransformerDecoder with a ``--self-attn-mode`` variant as every layer's self-attention.
+"""fairseq's TransformerDecoder with a ``--self-attn-mode`` variant as the self-attention of every layer
+(or of the layers ``--self-attn-layers`` names; the others keep vanilla attention).
 
 Only the decoder self-attention changes; the encoder, the encoder-decoder attention and the FFNs are
 fairseq's. The layer subclasses fairseq's (legacy, argparse) ``TransformerDecoderLayer``.
@@ -10,7 +11,8 @@ from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules import TransformerDecoderLayer
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-from ..attention import SelfAttentionVariant, build_variant
+from ..attention import VARIANTS, SelfAttentionVariant, build_variant
+from .options import parse_layers
 
 
 class VariantDecoderLayer(TransformerDecoderLayer):
@@ -18,10 +20,7 @@ class VariantDecoderLayer(TransformerDecoderLayer):
         cfg = TransformerConfig.from_namespace(args)
         if cfg.cross_self_attention:
             raise ValueError("--cross-self-attention is not supported by bet_fairseq's decoder self-attention")
-        return build_variant(
-            self._variant_args,
-            embed_dim,
-            cfg.decoder.attention_heads,
+        mha_kwargs = dict(
             dropout=cfg.attention_dropout,
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
@@ -29,18 +28,32 @@ class VariantDecoderLayer(TransformerDecoderLayer):
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
         )
+        if not self._uses_variant:  # outside --self-attn-layers: the Transformer's attention
+            return VARIANTS["vanilla"](embed_dim, cfg.decoder.attention_heads, **mha_kwargs)
+        return build_variant(self._variant_args, embed_dim, cfg.decoder.attention_heads, **mha_kwargs)
 
-    def __init__(self, args, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
-        self._variant_args = args  # read by build_self_attention, called inside super().__init__
+    def __init__(self, args, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False, uses_variant=True):
+        # read by build_self_attention, called inside super().__init__
+        self._variant_args, self._uses_variant = args, uses_variant
         super().__init__(args, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
-        del self._variant_args
+        del self._variant_args, self._uses_variant
 
 
 class VariantTransformerDecoder(TransformerDecoder):
+    """``--self-attn-layers`` picks the layers that get the variant; the others keep vanilla attention."""
+
+    def __init__(self, args, *rest, **kwargs):
+        self._layers_built = []  # a plain list: nn.Module accepts it before its own __init__
+        super().__init__(args, *rest, **kwargs)
+        del self._layers_built
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         # fairseq hands the layer builder a TransformerConfig, which drops our options: the flat
         # namespace (self.args, set before the layers are built) still has them.
-        layer = VariantDecoderLayer(self.args, no_encoder_attn)
+        index = len(self._layers_built)  # fairseq builds the layers in order
+        self._layers_built.append(index)
+        layers = parse_layers(getattr(self.args, "self_attn_layers", None), self.args.decoder_layers)
+        layer = VariantDecoderLayer(self.args, no_encoder_attn, uses_variant=index in layers)
         cfg = TransformerConfig.from_namespace(cfg)
         if cfg.checkpoint_activations:
             layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)

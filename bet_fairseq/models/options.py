@@ -3,7 +3,7 @@ registered variant's own options, shown by ``fairseq-train --help`` and stored i
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Set
 
 from fairseq.dataclass import FairseqDataclass
 from fairseq.utils import safe_getattr
@@ -19,6 +19,29 @@ class SelfAttentionModeConfig(FairseqDataclass):
         metadata={"help": "decoder causal self-attention variant (default: the architecture's, else vanilla): "
                           + ", ".join(sorted(attention.VARIANTS))},
     )
+    self_attn_layers: Optional[str] = field(
+        default=None,
+        metadata={"help": "decoder layers (0-based, e.g. '0-2' or '0,1,2') whose self-attention is "
+                          "--self-attn-mode; the other layers use vanilla attention (default: every layer)"},
+    )
+
+
+def parse_layers(text: Optional[str], num_layers: int) -> Set[int]:
+    """The layer indices of ``--self-attn-layers`` (all ``num_layers`` when unset), checked."""
+    if text is None or str(text).strip() in ("", "all"):
+        return set(range(num_layers))
+    layers = set()
+    for part in str(text).replace(" ", "").split(","):
+        try:
+            first, _, last = part.partition("-")
+            lo, hi = int(first), int(last or first)
+        except ValueError:
+            raise ValueError(f"--self-attn-layers: {part!r} is not a layer index or range such as '0-2' "
+                             f"(got {text!r})") from None
+        if not 0 <= lo <= hi < num_layers:
+            raise ValueError(f"--self-attn-layers: {part!r} is outside the decoder's layers 0-{num_layers - 1}")
+        layers.update(range(lo, hi + 1))
+    return layers
 
 
 # Every option dataclass of the variants registered at import (bet_fairseq/attention/*.py), as one.

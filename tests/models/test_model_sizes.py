@@ -65,10 +65,10 @@ def test_a_variant_adds_exactly_its_own_tensors(dicts, kind, variant):
     sizes: the models differ by exactly the variant's tensors in each decoder layer."""
     if kind == "translation":
         task, tiny, theirs, ours, extra = MT, TINY_TRANSLATION, "transformer_iwslt_de_en", "vanilla_iwslt", []
-    else:  # fairseq's --arch transformer_lm takes its dataclass defaults (512-dim embeddings, post-norm), not
-        # base_lm_architecture's (pre-norm, embeddings of --decoder-embed-dim) as every bet_fairseq LM does
+    else:  # fairseq's --arch transformer_lm takes its dataclass defaults (512-dim embeddings), not
+        # base_lm_architecture's (embeddings of --decoder-embed-dim) as every bet_fairseq LM does; both post-norm
         task, tiny, theirs, ours, extra = LM, TINY_LM, "transformer_lm", "transformer_lm_wikitext2", [
-            "--decoder-input-dim", E, "--decoder-output-dim", E, "--decoder-normalize-before"]
+            "--decoder-input-dim", E, "--decoder-output-dim", E]
     fairseq_model = build(dicts, task, theirs, *tiny, *extra)
     model = build(dicts, task, ours, *tiny, *variant_flags(variant))
     params, buffers = per_layer(ADDED_PARAMETERS[variant]), per_layer(ADDED_BUFFERS.get(variant, {}))
