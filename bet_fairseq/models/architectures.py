@@ -31,6 +31,9 @@ ROWS = {
     "hopfield": dict(self_attn_mode="hopfield"),
     "routing": dict(self_attn_mode="routing"),
 }
+# row -> the decoder layers it uses its attention in, by the number of layers (default: all).
+# Yang et al. 2018 found localness best in the lower layers (1-3 of 6): the lower half.
+ROW_LAYERS = {"localness": lambda layers: f"0-{max(layers // 2, 1) - 1}"}
 TRANSLATION_SIZES = {"iwslt": transformer_iwslt_de_en, "wmt_en_de": transformer_wmt_en_de}
 # Language models (the paper's LM settings and the authors' code), 6 layers, post-norm as the paper's.
 # WikiText-103 takes 6 heads: the authors' 8 do not divide 300.
@@ -75,11 +78,17 @@ def _row_settings(args, arch_name, row):
     fill(args, **ROWS[row])
 
 
+def _row_layers(args, row):
+    if row in ROW_LAYERS:
+        fill(args, self_attn_layers=ROW_LAYERS[row](args.decoder_layers))
+
+
 def _translation_arch(arch_name, row, size_fn):
     def architecture(args):
         _row_settings(args, arch_name, row)
         size_fn(args)
         translation_defaults(args)
+        _row_layers(args, row)
 
     architecture.__doc__ = f"{size_fn.__name__} sizes, decoder self-attention {ROWS[row]}"
     return architecture
@@ -90,6 +99,7 @@ def _lm_arch(arch_name, row, size):
         _row_settings(args, arch_name, row)
         apply_lm_size(args, size)
         lm_defaults(args)
+        _row_layers(args, row)
 
     architecture.__doc__ = f"{size} LM sizes, self-attention {ROWS[row]}"
     return architecture

@@ -9,7 +9,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.utils import safe_getattr
 
 from .. import attention
-from ..compat import register_help
+from ..compat import option_added, register_help
 
 
 @dataclass
@@ -80,4 +80,5 @@ def add_attention_args(parser):
     gen_parser_from_dataclass(parser, LegacyAttentionConfig(), delete_default=True, with_prefix="")
 
 
+option_added("self_attn_layers", "all")  # checkpoints from before the option: the variant in every layer
 register_help("bet-fairseq decoder self-attention (--self-attn-mode and each variant's options)", AttentionConfig)

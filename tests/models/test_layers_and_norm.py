@@ -29,7 +29,10 @@ def lm(dicts, arch, *flags):
     return build_model([dicts, *LM, "--arch", arch, *flags])[0]
 
 
-@pytest.mark.parametrize("layers, expected", [("0", [0]), ("1-3", [1, 2, 3]), ("0,2-3", [0, 2, 3]), (None, [0, 1, 2, 3])])
+@pytest.mark.parametrize("layers, expected", [
+    ("0", [0]), ("1-3", [1, 2, 3]), ("0,2-3", [0, 2, 3]), ("all", [0, 1, 2, 3]),
+    (None, [0, 1]),  # the localness row: Yang et al.'s lower layers, half of them
+])
 def test_the_variant_sits_in_the_named_layers_only(dicts, layers, expected):
     flags = ["--decoder-layers", "4", "--decoder-embed-dim", "32", "--decoder-attention-heads", "4"]
     flags += [] if layers is None else ["--self-attn-layers", layers]
