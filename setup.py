@@ -33,6 +33,7 @@ setup(
             "bet-results=bet_fairseq.results.table:main",
             "bet-syntax-hints=preprocess.syntax_hints:main",
             "bet-analyze=bet_fairseq.analysis.cli:main",
+            "bet-reproduce=bet_fairseq.study.cli:main",
         ],
     },
 )

@@ -4,6 +4,15 @@ and the peak memory of a training step.
 
     python run/bench_speed.py --size iwslt --reps 5            # synthetic IWSLT-shaped batches
     python run/bench_speed.py --size small --data DATA-BIN      # real batches from a data-bin dir
+    python run/bench_speed.py --size lm_enwik8 --block 128,512,1024 --reps 5 --out DIR   # language models
+    python run/bench_speed.py --size lm_enwik8 --quick --out DIR   # one repetition, block 128, minutes
+
+Language-model sizes (``lm``, ``lm_wikitext103``, ``lm_enwik8``: ``vanilla_{size}`` vs ``bet_sf_{size}``, the
+Table 2 LM recipe, ``bet_fairseq/recipes.py``; ``lm_tiny``: 2 layers of 32 for tests) are measured per block
+length (``--block``) on the same random token blocks: (a) training, ``Trainer.train_step``, tokens/s; (b)
+eval-lm, the model's forward without gradients plus the log-softmax (what fairseq-eval-lm scores), tokens/s;
+(c) sampling, token-by-token decoding with the incremental state (``--prompt`` tokens, then ``--new-tokens``
+greedy steps), new tokens/s; (d) peak training memory as (c) below.
 
 Both models are built through fairseq's task/model/criterion builders with the IWSLT14 recipe's
 options (``bet_fairseq/recipes.py``: Adam (0.9, 0.98), inverse_sqrt, label-smoothed cross-entropy 0.1,
@@ -22,7 +31,8 @@ dropout 0.3, shared decoder embeddings) and measured on the SAME batches, altern
     and optimizer state beyond the weights (``ru_maxrss`` where /proc is missing).
 
 Prints a Markdown table (medians over the repetitions; ratio = BET / vanilla) and the speed targets
-(``TARGETS``); ``--json FILE`` writes every repetition's figures too.
+(``TARGETS``, ``LM_TARGETS``); ``--json FILE`` writes every repetition's figures too; ``--out DIR`` writes
+``DIR/speed_{size}.json`` and ``DIR/speed_{size}.md``.
 """
 
 import argparse
@@ -58,7 +68,15 @@ SIZES = {
                   gen_batches=2),
 }
 (_, VANILLA), (_, BET) = recipes.SIDE_BY_SIDE
-TARGETS = {"train": 0.85, "generate": 0.85, "memory": 1.2}
+TARGETS = {"train": 0.95, "generate": 0.95, "memory": 1.10}
+# size -> Table 2 dataset (the LM recipe), vocabulary of the synthetic dictionary, extra architecture flags
+LM_SIZES = {
+    "lm": dict(dataset="wikitext2", vocab=33278, overrides={}),
+    "lm_wikitext103": dict(dataset="wikitext103", vocab=267735, overrides={}),
+    "lm_enwik8": dict(dataset="enwik8", vocab=205, overrides={}),
+    "lm_tiny": dict(dataset="enwik8", vocab=205, overrides=recipes.lm_sizes(2, 32, 64, 4)),
+}
+LM_TARGETS = {"train": 0.90, "eval_lm": 0.90, "sample": 0.90, "memory": 1.15}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +256,13 @@ def memory_child(args):
     print("MEMORY_JSON " + json.dumps(result))
 
 
+# glibc's malloc raises its mmap threshold as large blocks are freed and then keeps freed tensors in the heap,
+# so the resident set depends on the allocation history (runs scattered by +-30 %). A fixed threshold
+# (which also turns the adjustment off) makes every tensor above 128 KiB its own mapping, returned at once
+# when freed: the resident set then follows the memory the tensors actually hold.
+MEMORY_ENV = dict(os.environ, PYTHONWARNINGS="ignore", MALLOC_MMAP_THRESHOLD_="131072")
+
+
 def measure_memory(args, arch):
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", arch, "--size", args.size,
            "--device", args.device, "--subset", args.subset]
@@ -247,7 +272,7 @@ def measure_memory(args, arch):
         cmd += ["--max-tokens", str(args.max_tokens)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=MEMORY_ENV)
     for line in proc.stdout.splitlines():
         if line.startswith("MEMORY_JSON "):
             return json.loads(line[len("MEMORY_JSON "):])
@@ -337,16 +362,228 @@ def table(info, results):
     return head + "\n\n" + "\n".join(rows), med, verdict
 
 
+
+# --------------------------------------------------------------------------------------------- language models
+def lm_arch(row, size):
+    return f"{row}_{'lm_enwik8' if size == 'lm_tiny' else size}"
+
+
+def build_lm(row, data_dir, size, device, block, max_tokens):
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    import bet_fairseq
+
+    bet_fairseq.register()
+    spec = LM_SIZES[size]
+    flags = recipes.merge(recipes.train_recipe(spec["dataset"]), spec["overrides"], {
+        "--tokens-per-sample": block, "--batch-size": None, "--max-tokens": max_tokens, "--log-format": "none",
+        "--num-workers": 0, "--cpu": device == "cpu", "--max-epoch": None, "--patience": None})
+    argv = [data_dir, "--user-dir", USER_DIR, "--arch", lm_arch(row, size), *recipes.to_argv(flags)]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    cfg = convert_namespace_to_omegaconf(args)
+    torch.manual_seed(1)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    return task, trainer
+
+
+def lm_data_dir(folder, vocab):
+    with open(os.path.join(folder, "dict.txt"), "w", encoding="utf-8") as f:
+        for i in range(vocab - 4):
+            f.write(f"w{i} {vocab - i}\n")
+    return folder
+
+
+def lm_batches(task, block, max_tokens, n_batches, seed=1):
+    """Random token blocks as fairseq's language_modeling task batches them (no padding)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab, first = len(task.target_dictionary), task.target_dictionary.nspecial
+    rows = max(1, max_tokens // block)
+    out = []
+    for _ in range(n_batches):
+        tokens = torch.randint(first, vocab, (rows, block + 1), generator=g)
+        out.append(dict(id=torch.arange(rows), nsentences=rows, ntokens=rows * block,
+                        net_input=dict(src_tokens=tokens[:, :-1].contiguous(), src_lengths=torch.full((rows,), block)),
+                        target=tokens[:, 1:].contiguous()))
+    return out
+
+
+def time_eval_lm(model, batches, device):
+    model.eval()
+    tokens, elapsed = 0, 0.0
+    with torch.no_grad():
+        for sample in batches:
+            sync(device)
+            start = CLOCK()
+            out = model(**sample["net_input"])
+            model.get_normalized_probs(out, log_probs=True).gather(-1, sample["target"].unsqueeze(-1))
+            sync(device)
+            elapsed += CLOCK() - start
+            tokens += int(sample["ntokens"])
+    model.train()
+    return tokens / elapsed
+
+
+def time_sample(model, prompt, new_tokens, device):
+    """Greedy decoding of ``new_tokens`` after ``prompt`` (B, P), one token a step with the incremental state
+    (the prompt goes in as one block, as fairseq's generator feeds a prefix); new tokens per second."""
+    model.eval()
+    state = {}
+    tokens = prompt
+    with torch.no_grad():
+        sync(device)
+        start = CLOCK()
+        out, _ = model.decoder(tokens, incremental_state=state)
+        for _ in range(new_tokens):
+            nxt = out[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, nxt], dim=1)
+            out, _ = model.decoder(tokens, incremental_state=state)
+        sync(device)
+        elapsed = CLOCK() - start
+    model.train()
+    return prompt.size(0) * new_tokens / elapsed
+
+
+def lm_memory_child(args):
+    block = int(args.block)
+    with tempfile.TemporaryDirectory(prefix="bet_bench_") as tmp:
+        task, trainer = build_lm(args.memory_child, lm_data_dir(tmp, LM_SIZES[args.size]["vocab"]), args.size,
+                                 args.device, block, args.max_tokens)
+        batches = lm_batches(task, block, args.max_tokens, args.train_batches)
+        trainer.train_step([batches[0]])  # optimizer state, as in the timed runs
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            for sample in batches:
+                trainer.train_step([sample])
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated()
+            result = dict(mode="cuda.max_memory_allocated", before_mb=before / 2**20, peak_mb=peak / 2**20,
+                          step_mb=(peak - before) / 2**20)
+        else:
+            before, mode = cpu_memory_baseline()
+            for sample in batches:
+                trainer.train_step([sample])
+            peak = cpu_peak_rss_kib(mode)
+            result = dict(mode=mode, before_mb=before / 1024, peak_mb=peak / 1024, step_mb=(peak - before) / 1024)
+    print("MEMORY_JSON " + json.dumps(result))
+
+
+def measure_lm_memory(args, row, block):
+    cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", row, "--size", args.size, "--device",
+           args.device, "--block", str(block), "--max-tokens", str(args.max_tokens), "--train-batches",
+           str(args.train_batches)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=MEMORY_ENV)
+    for line in proc.stdout.splitlines():
+        if line.startswith("MEMORY_JSON "):
+            return json.loads(line[len("MEMORY_JSON "):])
+    raise RuntimeError(f"memory measurement of {row} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+
+
+def run_lm(args):
+    rows = ("vanilla", "bet_sf")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bet_bench_") as tmp:
+        data_dir = lm_data_dir(tmp, LM_SIZES[args.size]["vocab"])
+        for block in args.blocks:
+            models = {row: build_lm(row, data_dir, args.size, args.device, block, args.max_tokens) for row in rows}
+            task = models["vanilla"][0]
+            batches = lm_batches(task, block, args.max_tokens, args.train_batches)
+            eval_batches = lm_batches(task, block, args.max_tokens, args.train_batches, seed=2)
+            prompt = batches[0]["net_input"]["src_tokens"][: args.sample_batch, : min(args.prompt, block)]
+            res = {row: dict(train=[], eval_lm=[], sample=[]) for row in rows}
+            for row, (_, trainer) in models.items():  # warm-up
+                trainer.train_step([batches[0]])
+                time_eval_lm(trainer.get_model(), eval_batches[:1], args.device)
+                time_sample(trainer.get_model(), prompt, 2, args.device)
+            for rep in range(args.reps):
+                order = list(rows) if rep % 2 == 0 else list(rows)[::-1]
+                for row in order:
+                    res[row]["train"].append(time_train(models[row][1], batches, args.device))
+                for row in order:
+                    res[row]["eval_lm"].append(time_eval_lm(models[row][1].get_model(), eval_batches, args.device))
+                for row in order:
+                    res[row]["sample"].append(time_sample(models[row][1].get_model(), prompt, args.new_tokens,
+                                                          args.device))
+                print(f"block {block} rep {rep + 1}/{args.reps}: " + ", ".join(
+                    f"{row} train {res[row]['train'][-1]:.0f} eval {res[row]['eval_lm'][-1]:.0f} "
+                    f"sample {res[row]['sample'][-1]:.1f} tok/s" for row in rows), file=sys.stderr, flush=True)
+            params = {row: sum(p.numel() for p in t.get_model().parameters()) for row, (_, t) in models.items()}
+            del models
+            if not args.no_memory:
+                for row in rows:
+                    res[row]["memory"] = measure_lm_memory(args, row, block)
+            results[str(block)] = res
+    info = dict(size=args.size, archs=[lm_arch(r, args.size) for r in rows], device=args.device, clock=args.clock,
+                threads=torch.get_num_threads(), reps=args.reps, blocks=args.blocks, max_tokens=args.max_tokens,
+                train_batches=args.train_batches, prompt=args.prompt, new_tokens=args.new_tokens,
+                sample_batch=args.sample_batch, torch=torch.__version__, params=params)
+    return info, results
+
+
+def lm_table(info, results):
+    vanilla, bet = info["archs"]
+    lines = [f"| block | measure | {vanilla} | {bet} | ratio (BET / vanilla) | target | met |",
+             "|---|---|---|---|---|---|---|"]
+    medians, ratios, met = {}, {}, {}
+    labels = dict(train="training, tokens/s", eval_lm="eval-lm (forward, no grad), tokens/s",
+                  sample=f"sampling ({info['new_tokens']} tokens after {info['prompt']}, incremental), tokens/s")
+    for block, res in results.items():
+        med = {row: {k: statistics.median(v) for k, v in r.items() if k != "memory"} for row, r in res.items()}
+        medians[block], ratios[block], met[block] = med, {}, {}
+        for key, label in labels.items():
+            ratio = med["bet_sf"][key] / med["vanilla"][key]
+            ratios[block][key], met[block][key] = ratio, ratio >= LM_TARGETS[key]
+            lines.append(f"| {block} | {label} | {med['vanilla'][key]:.0f} | {med['bet_sf'][key]:.0f} | {ratio:.3f} | "
+                         f">= {LM_TARGETS[key]} | {'yes' if met[block][key] else 'NO'} |")
+        if "memory" in res["vanilla"]:
+            mv, mb = res["vanilla"]["memory"], res["bet_sf"]["memory"]
+            ratio = mb["step_mb"] / mv["step_mb"]
+            ratios[block]["memory"], met[block]["memory"] = ratio, ratio <= LM_TARGETS["memory"]
+            lines.append(f"| {block} | training-step memory, MiB ({mv['mode']} growth) | {mv['step_mb']:.0f} | "
+                         f"{mb['step_mb']:.0f} | {ratio:.3f} | <= {LM_TARGETS['memory']} | "
+                         f"{'yes' if met[block]['memory'] else 'NO'} |")
+    head = (f"size={info['size']} device={info['device']} clock={info['clock']} threads={info['threads']} "
+            f"reps={info['reps']} blocks={','.join(map(str, info['blocks']))} max_tokens={info['max_tokens']} "
+            f"train_batches={info['train_batches']} sample_batch={info['sample_batch']}; torch {info['torch']}; "
+            f"parameters: vanilla {info['params']['vanilla']:,}, BET {info['params']['bet_sf']:,}")
+    return head + "\n\n" + "\n".join(lines), medians, ratios, met
+
+
+def write_outputs(out_dir, size, text, payload):
+    os.makedirs(out_dir, exist_ok=True)
+    with atomic_write(os.path.join(out_dir, f"speed_{size}.json")) as f:
+        json.dump(payload, f, indent=2)
+    with atomic_write(os.path.join(out_dir, f"speed_{size}.md")) as f:
+        f.write(text + "\n")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size", choices=sorted(SIZES), default="iwslt")
-    p.add_argument("--reps", type=int, default=5, help="repetitions (medians are reported)")
+    p.add_argument("--size", choices=sorted(SIZES) + sorted(LM_SIZES), default="iwslt")
+    p.add_argument("--reps", type=int, default=None, help="repetitions (medians are reported; default 5, "
+                   "--quick 1)")
+    p.add_argument("--quick", action="store_true", help="one repetition; language models: block 128 (or the "
+                   "first of --block), one batch of 1024 tokens, 8 new tokens")
+    p.add_argument("--block", default=None, help="language models: comma-separated block lengths (default 512)")
+    p.add_argument("--train-batches", type=int, default=None, help="language models: batches per repetition (2)")
+    p.add_argument("--prompt", type=int, default=64, help="language models: prompt tokens before sampling")
+    p.add_argument("--new-tokens", type=int, default=None, help="language models: sampled tokens (64)")
+    p.add_argument("--sample-batch", type=int, default=8, help="language models: sequences sampled at once")
+    p.add_argument("--out", help="write speed_SIZE.json and speed_SIZE.md into this folder")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     p.add_argument("--data", help="fairseq-preprocess output folder (default: synthetic IWSLT-like batches)")
     p.add_argument("--subset", default="train", help="split of --data to take batches from")
     p.add_argument("--source-lang", default="de")
     p.add_argument("--target-lang", default="en")
-    p.add_argument("--max-tokens", type=int, help="tokens per training batch (default per --size)")
+    p.add_argument("--max-tokens", type=int, help="tokens per training batch (default per --size; language "
+                   "models 2048)")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
@@ -356,6 +593,13 @@ def main(argv=None):
     p.add_argument("--json", help="also write all figures to this JSON file")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.reps = args.reps or (1 if args.quick else 5)
+    if args.size in LM_SIZES:
+        args.blocks = [int(b) for b in (args.block or ("128" if args.quick else "512")).split(",")][:1 if args.quick
+                                                                                                     else None]
+        args.max_tokens = args.max_tokens or (1024 if args.quick else 2048)
+        args.train_batches = args.train_batches or (1 if args.quick else 2)
+        args.new_tokens = args.new_tokens or (8 if args.quick else 64)
     if args.reps < 1:
         p.error("--reps must be >= 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -365,17 +609,31 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.memory_child:
-        return memory_child(args)
+        return lm_memory_child(args) if args.size in LM_SIZES else memory_child(args)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.size in LM_SIZES:
+        info, results = run_lm(args)
+        text, medians, ratios, met = lm_table(info, results)
+        print(text)
+        payload = dict(info=info, results=results, medians=medians, median_ratios=ratios, targets=LM_TARGETS,
+                       met=met)
+        if args.json:
+            with atomic_write(args.json) as f:
+                json.dump(payload, f, indent=2)
+        if args.out:
+            write_outputs(args.out, args.size, text, payload)
+        return
     info, results = run(args)
     text, med, verdict = table(info, results)
     print(text)
+    ratios = {k: med[BET][k] / med[VANILLA][k] for k in ("train", "generate")}
+    payload = dict(info=info, results=results, medians=med, median_ratios=ratios, targets=TARGETS, met=verdict)
     if args.json:
-        ratios = {k: med[BET][k] / med[VANILLA][k] for k in ("train", "generate")}
         with atomic_write(args.json) as f:
-            json.dump(dict(info=info, results=results, medians=med, median_ratios=ratios, targets=TARGETS,
-                           met=verdict), f, indent=2)
+            json.dump(payload, f, indent=2)
+    if args.out:
+        write_outputs(args.out, args.size, text, payload)
 
 
 if __name__ == "__main__":

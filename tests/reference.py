@@ -121,11 +121,16 @@ def reference_attention(m, x, mode: str = "vanilla", key_padding_mask=None, memo
         routing_heads = H // 2 if options.routing_heads is None else options.routing_heads
         local_heads = H - routing_heads
         cents = m.centroids.detach().double().tolist()
+        # Roy et al.'s decoders share queries and keys: a routing head's keys are the (unscaled) queries
+        shared_qk = not getattr(options, "routing_separate_qk", False)
+        qk_all = linear(ctx, proj.q)
 
     for b in range(B):
         for h in range(H):
             cols = slice(h * d, (h + 1) * d)
             Q, K, V = q_all[:, b, cols], k_all[:, b, cols], v_all[:, b, cols]
+            if mode == "routing" and h >= local_heads and shared_qk:
+                K = qk_all[:, b, cols]
 
             def seen_by(i):
                 """The keys query i may use: causal, not padding, and the variant's own restriction."""
@@ -177,7 +182,8 @@ def reference_attention(m, x, mode: str = "vanilla", key_padding_mask=None, memo
                         a = dp(i, j) * float(r_all[b, h, j])
                     elif mode == "localness":
                         centre, width = windows[b][i]  # G_ij = -(j - P_i)^2 / (2 sigma_i^2), sigma = D / 2
-                        a = dp(i, j) - (j - centre) ** 2 / (2 * (width / 2) ** 2)
+                        sigma = max(width / 2, 1e-4)  # the package's guard: I_0 = 0 leaves query 0 no width
+                        a = dp(i, j) - (j - centre) ** 2 / (2 * sigma ** 2)
                     elif mode == "relative":  # ((q + u) k + (q + v) W_R R_{i-j}) / sqrt(d)
                         u, vb, rd = m.u_bias.detach().double()[h], m.v_bias.detach().double()[h], rel[own - j][cols]
                         a = (dot(Q[i], K[j]) + dot(Q[i], rd) + dot(u, K[j]) + dot(vb, rd)) / math.sqrt(d)
@@ -199,16 +205,21 @@ def reference_attention(m, x, mode: str = "vanilla", key_padding_mask=None, memo
 
 def localness_window(m, q_full, position: int):
     """Yang et al. 2018, causal: (P, D) for the full unscaled query of the query at ``position``, with
-    P = I sigmoid(U_p tanh(W_p q)), D = I sigmoid(U_d tanh(W_p q)) and I = position + 1 visible keys."""
+    P = I sigmoid(U_p tanh(W_p q)), D = I sigmoid(U_d tanh(W_p q)) and I = position (keeps P inside the keys
+    0..position; ``localness_centre_scale`` "i", the default) or position + 1 ("i+1", version 0.1)."""
     w_p = m.localness_w_p.weight.detach().double()
     u_p, u_d = m.localness_u.weight.detach().double()
     hidden = [math.tanh(dot(row, q_full)) for row in w_p]
-    visible = position + 1
+    visible = position + (1 if str(getattr(m.options, "localness_centre_scale", "i+1")) == "i+1" else 0)
     return visible * sigmoid(dot(u_p, hidden)), visible * sigmoid(dot(u_d, hidden))
 
 
 def reference_for(m, x, key_padding_mask=None, memory=None):
-    """``reference_attention`` in the mode of a registered variant module."""
+    """``reference_attention`` in the mode of a registered variant module (the Hopfield library configuration:
+    ``reference_hopfield_library``)."""
+    if m.variant_name == "hopfield" and getattr(m.options, "hopfield_config", None) in (None, "library") \
+            and memory is None:
+        return reference_hopfield_library(m, x, m.num_heads, key_padding_mask=key_padding_mask)
     return reference_attention(m, x, m.variant_name, key_padding_mask=key_padding_mask, memory=memory)
 
 
@@ -282,3 +293,133 @@ def reference_bet_authors(m, x, key_padding_mask=None):
                 for c in range(d):
                     heads2[i, b, h * d + c] = sum(p[j] * float(v_all[j, b, h * d + c]) for j in range(T))
     return SimpleNamespace(out=linear(heads2, out2), probs=probs, first=first, r=r)
+
+
+@torch.no_grad()
+def reference_topk_cross(m, query, context, key_padding_mask=None, k: int = DEFAULT_SPARSE_TOPK):
+    """Zhao et al. 2019 in an attention without a causal mask (encoder self-attention: ``context`` is
+    ``query``; encoder-decoder attention: ``context`` the encoder output (S, B, E)), with the weights of
+    module ``m``: each query row keeps the logits >= the k-th largest non-padding one (ties kept; every
+    key when fewer than k). Returns ``out`` (T, B, E) and ``probs`` (B, H, T, S)."""
+    proj = projections(m)
+    query, context = query.double(), context.double()
+    T, B, E = query.shape
+    S = context.size(0)
+    H = m.num_heads
+    d = E // H
+    q_all, k_all, v_all = linear(query, proj.q), linear(context, proj.k), linear(context, proj.v)
+    probs = torch.zeros(B, H, T, S, dtype=torch.double)
+    heads = torch.zeros(T, B, E, dtype=torch.double)
+    for b in range(B):
+        seen = [j for j in range(S) if not (key_padding_mask is not None and bool(key_padding_mask[b, j]))]
+        for h in range(H):
+            cols = slice(h * d, (h + 1) * d)
+            for i in range(T):
+                row = [dot(q_all[i, b, cols], k_all[j, b, cols]) / math.sqrt(d) if j in seen else NEG
+                       for j in range(S)]
+                ranked = sorted((row[j] for j in seen), reverse=True)
+                threshold = ranked[k - 1] if len(ranked) >= k else NEG
+                p = softmax_row([a if a >= threshold else NEG for a in row])
+                probs[b, h, i] = torch.tensor(p, dtype=torch.double)
+                heads[i, b, cols] = sum((p[j] * v_all[j, b, cols] for j in range(S)), torch.zeros(d, dtype=torch.double))
+    return SimpleNamespace(out=linear(heads, proj.out), probs=probs)
+
+
+# ------------------------------------------------------------------------------------ routing: commitment
+def _unit_layer_norm(vec: torch.Tensor) -> torch.Tensor:
+    """Layer norm without affine, then unit length, written out (differentiable, float64)."""
+    n = vec.numel()
+    mu = vec.sum() / n
+    var = ((vec - mu) ** 2).sum() / n
+    z = (vec - mu) / torch.sqrt(var + LAYER_NORM_EPS)
+    return z / torch.sqrt((z * z).sum())
+
+
+def reference_commitment_loss(vectors, centroids, keep, weight):
+    """The k-means commitment term summed over tokens: ``weight * sum_t mean_h ||r_th - mu_h(r_th)||^2`` with
+    r the unit layer-normalised routing vector and mu its nearest centroid (held constant).
+
+    ``vectors``: (B, H, L, d) float64 tensor (may require grad) of the routing heads' unscaled queries or
+    keys; ``centroids`` (H, C, d); ``keep`` (B, L) booleans or None. Loops over tokens and heads."""
+    B, H, L, _ = vectors.shape
+    cents = centroids.detach().double()
+    total = vectors.new_zeros(())
+    for b in range(B):
+        for t in range(L):
+            if keep is not None and not bool(keep[b, t]):
+                continue
+            per_head = vectors.new_zeros(())
+            for h in range(H):
+                r = _unit_layer_norm(vectors[b, h, t])
+                sims = [dot(r.detach(), c) for c in cents[h]]
+                mu = cents[h][max(range(len(sims)), key=lambda c: sims[c])]
+                per_head = per_head + ((r - mu) ** 2).sum()
+            total = total + per_head / H
+    return weight * total
+
+
+def layer_norm_row(vec, weight, bias, eps: float = LAYER_NORM_EPS):
+    """An affine LayerNorm of one vector, written out (float64 lists)."""
+    vec = [float(a) for a in vec]
+    mu = sum(vec) / len(vec)
+    var = sum((a - mu) ** 2 for a in vec) / len(vec)
+    return [(a - mu) / math.sqrt(var + eps) * float(w) + float(c) for a, w, c in zip(vec, weight, bias)]
+
+
+@torch.no_grad()
+def reference_hopfield_library(m, x, heads: int, key_padding_mask=None):
+    """ml-jku/hopfield-layers' ``Hopfield`` layer (hflayers/__init__.py, activation.py, functional.py) with
+    the weights of ``m`` and its options, causal, one query row at a time in float64:
+
+    affine LayerNorms of the state pattern, stored pattern and pattern projection inputs (``norm_*``);
+    xi = LN_R(x_i) W_Q + b_Q, K_j = LN_Y(x_j) W_K + b_K, V_j = LN_P(x_j) W_V + b_V, split into ``heads`` heads
+    of E / heads; beta = 1/sqrt(E / heads) unless ``hopfield_beta``. p = softmax(beta xi K^T) over the seen keys;
+    then, while fewer than ``update_steps_max`` updates were made (-1: no maximum; unset: ``hopfield_steps``
+    - 1, else 0): xi = sum_j p_j K_j, p' = softmax(beta xi K^T), and the row stops once ||p' - p||_2 <=
+    ``update_steps_eps`` (1e-4 unless given). Output out_proj(sum_j p_j V_j).
+
+    Returns ``out`` (T, B, E), ``probs`` (B, heads, T, T) and ``updates`` (B, heads, T) made per row."""
+    options = m.options
+    proj = projections(m)
+    x = x.double()
+    T, B, E = x.shape
+    d = E // heads
+    beta = 1 / math.sqrt(d) if options.hopfield_beta is None else float(options.hopfield_beta)
+    most = options.hopfield_update_steps_max
+    if most is None:
+        most = 0 if options.hopfield_steps is None else options.hopfield_steps - 1
+    eps = 1e-4 if options.hopfield_update_steps_eps is None else float(options.hopfield_update_steps_eps)
+
+    def normed(norm):
+        w, c = norm.weight.detach().double(), norm.bias.detach().double()
+        return torch.tensor([[layer_norm_row(x[t, b], w, c) for b in range(B)] for t in range(T)], dtype=torch.double)
+
+    q_all = linear(normed(m.norm_state_pattern), proj.q)
+    k_all = linear(normed(m.norm_stored_pattern), proj.k)
+    v_all = linear(normed(m.norm_pattern_projection), proj.v)
+    heads_out = torch.zeros(T, B, E, dtype=torch.double)
+    probs = torch.zeros(B, heads, T, T, dtype=torch.double)
+    updates = torch.zeros(B, heads, T, dtype=torch.long)
+    for b in range(B):
+        for h in range(heads):
+            cols = slice(h * d, (h + 1) * d)
+            Q, K, V = q_all[:, b, cols], k_all[:, b, cols], v_all[:, b, cols]
+            for i in range(T):
+                seen = [j for j in range(i + 1) if not (key_padding_mask is not None and bool(key_padding_mask[b, j]))]
+
+                def associate(xi):
+                    return softmax_row([beta * dot(xi, K[j]) if j in seen else NEG for j in range(T)])
+
+                p = associate(Q[i])
+                n = 0
+                while most < 0 or n < most:
+                    xi = [sum(p[j] * float(K[j, c]) for j in range(T)) for c in range(d)]
+                    new = associate(xi)
+                    change = math.sqrt(sum((a - c) ** 2 for a, c in zip(new, p)))
+                    p, n = new, n + 1
+                    if change <= eps:
+                        break
+                probs[b, h, i] = torch.tensor(p, dtype=torch.double)
+                updates[b, h, i] = n
+                heads_out[i, b, cols] = sum((p[j] * V[j] for j in range(T)), torch.zeros(d, dtype=torch.double))
+    return SimpleNamespace(out=linear(heads_out, proj.out), probs=probs, updates=updates)

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Type
 
 from fairseq.dataclass import FairseqDataclass
 
+from ..compat import OPTIONS_ADDED
 from .base import Attended, SelfAttentionVariant  # noqa: F401
 
 VARIANTS: Dict[str, Type[SelfAttentionVariant]] = {}
@@ -89,7 +90,9 @@ def variant_options(args, mode: Optional[str] = None):
     for other in option_classes():
         for f in option_fields(other):
             value = _get(args, f.name, None)
-            if f.name not in own and value is not None and value != f.default:
+            # (a value that compat fills into a checkpoint saved before the option existed is no error)
+            if f.name not in own and value is not None and value != f.default and not (
+                    f.name in OPTIONS_ADDED and value == OPTIONS_ADDED[f.name]):
                 users = [n for n, c in VARIANTS.items() if c.options_class is other]
                 raise ValueError(f"{_flag(f.name)} {value} only applies to --self-attn-mode "
                                  f"{'/'.join(users)} (the mode is {mode!r})")
@@ -110,9 +113,15 @@ def build_variant(args, embed_dim: int, num_heads: int, **mha_kwargs) -> SelfAtt
 
 
 def check_variant(args, num_heads: int):
-    """Fail on bad attention options before anything is built."""
+    """Fail on bad attention options before anything is built; then write the variant's option defaults
+    into ``args``, so that the checkpoint holds them (an option ``compat.option_added`` declares is filled
+    only into a checkpoint that lacks it, which must mean one saved before the option existed)."""
     cls, options = variant_options(args)
     cls.check_options(options, num_heads)
+    if options is not None:
+        for f in option_fields(cls.options_class):
+            if f.default is not None and _get(args, f.name, None) is None:
+                setattr(args, f.name, getattr(options, f.name))
 
 
 def _get(args, name, default):

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from ..core.masks import causal_allowed, masked_log_softmax, masked_softmax, safe_sdpa
+from ..core.masks import COMPUTE, causal_allowed, masked_log_softmax, masked_softmax, rows_without_keys, safe_sdpa
 
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
 CACHE_PREFIX = "prev_variant_"
@@ -101,11 +101,15 @@ class SelfAttentionVariant(MultiheadAttention):
         return self.attend_to_logits(self.scores(q, k, allowed), allowed, v)
 
     def attend_to_logits(self, logits: Tensor, allowed: Optional[Tensor], v: Tensor,
-                         cache: Optional[Dict[str, Tensor]] = None, first_pass: Optional[Tensor] = None) -> Attended:
+                         cache: Optional[Dict[str, Tensor]] = None, first_pass: Optional[Tensor] = None,
+                         empty=COMPUTE) -> Attended:
         """The exact path's end, shared by every variant that materialises its logits: masked softmax
-        (float32), its log in log space when capturing, dropout, ``A V``."""
-        probs = masked_softmax(logits, allowed, v.dtype)
-        log_probs = masked_log_softmax(logits, allowed) if self.capture_attention else None
+        (float32), its log in log space when capturing, dropout, ``A V``. ``empty``: the caller's
+        ``rows_without_keys(allowed)``, found here when not given."""
+        if empty is COMPUTE:
+            empty = rows_without_keys(allowed)
+        probs = masked_softmax(logits, allowed, v.dtype, empty)
+        log_probs = masked_log_softmax(logits, allowed, empty) if self.capture_attention else None
         return Attended(torch.matmul(self.dropout_module(probs), v), probs, cache or {}, first_pass, log_probs)
 
     def output_projection(self, out: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ from torch import nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..core.functional import bet_authors_fused, bet_authors_logits, bet_sf_fused, bet_sf_logits
+from ..core.masks import rows_without_keys
 from . import Attended, SelfAttentionVariant, register_variant
 
 BET_FORMS = ("equations", "authors", "authors_lm")
@@ -47,10 +48,10 @@ class BetOptions(FairseqDataclass):
 
 @register_variant("bet_sf", options=BetOptions)
 class BetSFSelfAttention(SelfAttentionVariant):
-    # On CPU, up to this many keys the exact path, which computes Q K^T once for both passes, beats
-    # two SDPA calls (docs/performance.md: 1.6x faster at 25 keys, 1.2x at 100, slower at 512).
-    # Set to 0 to always take SDPA when use_fused_attention is on.
-    cpu_exact_max_keys = 128
+    # On CPU, up to this many keys the exact path (autograd over the materialised matrices) is a little
+    # faster than the fused kernel; from 128 keys on the kernel is as fast and keeps no T x S matrix
+    # (docs/performance.md). Set to 0 to always take the fused path when use_fused_attention is on.
+    cpu_exact_max_keys = 64
 
     def __init__(self, embed_dim, num_heads, options=None, **kwargs):
         super().__init__(embed_dim, num_heads, options=options, **kwargs)
@@ -88,9 +89,10 @@ class BetSFSelfAttention(SelfAttentionVariant):
         keep = bool(self.options.bet_keep_diagonal)
         if self.take_fused(k, exact):
             return Attended(bet_sf_fused(q, k, v, self.bet_w, allowed, keep, self.dropout_p()))
+        empty = rows_without_keys(allowed)  # once: both passes have the same rows without keys
         logits, final_allowed, first, r, vw = bet_sf_logits(
-            q, k, v, self.bet_w, allowed, keep, cache.get("bet_r"), cache.get("bet_vw"))
-        return self.attend_to_logits(logits, final_allowed, v, {"bet_r": r, "bet_vw": vw}, first)
+            q, k, v, self.bet_w, allowed, keep, cache.get("bet_r"), cache.get("bet_vw"), empty)
+        return self.attend_to_logits(logits, final_allowed, v, {"bet_r": r, "bet_vw": vw}, first, empty)
 
     def attend_authors(self, q, k, v, allowed, cache, exact):
         """The authors' forms: ``out_proj`` makes the first pass's H (for R); the second pass's output

@@ -3,17 +3,29 @@
 In each row of the scaled logits the entries >= the k-th largest allowed one are kept, the rest set
 to -inf before the softmax. Ties with the k-th value are all kept (the paper's threshold rule, so a row
 may keep more than k); a row with fewer than k allowed keys keeps them all.
+
+The authors' code sparsifies the encoder self-attention (``es``), the decoder self-attention (``ds``)
+and the encoder-decoder attention (``dc``) alike; ``--sparse-topk-attention`` picks among them. The
+decoder self-attention is the registered variant; the other two are ``SparseTopKAttention``, built by
+the translation model's encoder and decoder layers.
 """
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import FrozenSet, Optional
 
+import torch
+from fairseq import utils
 from fairseq.dataclass import FairseqDataclass
+from fairseq.modules.multihead_attention import MultiheadAttention
+from fairseq.utils import safe_getattr
 
+from ..compat import option_added
 from ..core.functional import top_k_keep
-from . import SelfAttentionVariant, register_variant
+from . import SelfAttentionVariant, register_variant, variant_options
 
 DEFAULT_SPARSE_TOPK = 8
+SITES = {"es": "encoder self-attention", "ds": "decoder self-attention", "dc": "encoder-decoder attention"}
+TRANSLATION_SITES = "es,ds,dc"  # the authors' default (--use_att es ds dc)
 
 
 @dataclass
@@ -23,6 +35,29 @@ class SparseTopKOptions(FairseqDataclass):
         metadata={"help": f"sparse_topk: logits kept per row, k >= 1 (default {DEFAULT_SPARSE_TOPK}; "
                           "ties with the k-th are kept)"},
     )
+    sparse_topk_attention: Optional[str] = field(
+        default="ds",
+        metadata={"help": "sparse_topk: the attentions that keep the top k, a comma- or space-separated subset "
+                          "of es (encoder self), ds (decoder self), dc (encoder-decoder); default "
+                          f"{TRANSLATION_SITES} in translation models (Zhao et al.'s code), ds in language "
+                          "models (their only attention: es and dc name nothing there and are ignored)"},
+    )
+
+
+# Checkpoints saved before the option sparsified the decoder self-attention only.
+option_added("sparse_topk_attention", "ds")
+
+
+def parse_sites(value) -> FrozenSet[str]:
+    """The attentions ``--sparse-topk-attention`` names ("es,dc", "es ds dc" or a list), checked."""
+    parts = [str(p) for p in value] if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
+    if not parts:
+        raise ValueError(f"--sparse-topk-attention: name at least one of {', '.join(SITES)} (got {value!r})")
+    for part in parts:
+        if part not in SITES:
+            choices = ", ".join(f"{name} ({what})" for name, what in SITES.items())
+            raise ValueError(f"--sparse-topk-attention: {part!r} is not one of {choices} (got {value!r})")
+    return frozenset(parts)
 
 
 @register_variant("sparse_topk", options=SparseTopKOptions)
@@ -32,6 +67,7 @@ class SparseTopKSelfAttention(SelfAttentionVariant):
         k = options.sparse_topk
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"--sparse-topk must be a whole number >= 1 (the logits kept per row), got {k!r}")
+        parse_sites(options.sparse_topk_attention)
 
     @property
     def top_k(self) -> int:
@@ -39,4 +75,64 @@ class SparseTopKSelfAttention(SelfAttentionVariant):
 
     def scores(self, q, k, allowed):
         logits = super().scores(q, k, allowed)
+        if "ds" not in parse_sites(self.options.sparse_topk_attention):
+            return logits
         return logits.masked_fill(~top_k_keep(logits.detach(), allowed, self.top_k), float("-inf"))
+
+
+class SparseTopKAttention(MultiheadAttention):
+    """fairseq's attention keeping each row's top-k logits, for the encoder self-attention and the
+    encoder-decoder attention: fairseq's own projections, key/value cache (``static_kv``) and padding
+    masks make the logits (``before_softmax``), then the top-k mask, the softmax (float32), dropout and
+    ``out_proj``; the weights come back as fairseq returns them."""
+
+    def __init__(self, embed_dim, num_heads, top_k: int = DEFAULT_SPARSE_TOPK, **kwargs):
+        super().__init__(embed_dim, num_heads, **kwargs)
+        self.top_k = top_k
+        # fairseq's fused path (taken without an incremental state) ignores before_softmax; this flag
+        # is its documented way out.
+        self.skip_embed_dim_check = True
+
+    def extra_repr(self):
+        return f"top_k={self.top_k}"
+
+    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None, need_weights=True,
+                static_kv=False, attn_mask=None, before_softmax=False, need_head_weights=False):
+        need_weights = need_weights or need_head_weights
+        tgt_len, bsz, embed_dim = query.size()
+        if embed_dim != self.embed_dim:
+            raise ValueError(f"query dim {embed_dim} != {self.embed_dim}")
+        logits, v = super().forward(query, key, value, key_padding_mask=key_padding_mask,
+                                    incremental_state=incremental_state, need_weights=False, static_kv=static_kv,
+                                    attn_mask=attn_mask, before_softmax=True)
+        logits = logits.masked_fill(~top_k_keep(logits.detach(), None, self.top_k), float("-inf"))
+        if before_softmax:
+            return logits, v
+        probs_float = utils.softmax(logits, dim=-1)
+        probs = self.dropout_module(probs_float.type_as(logits))
+        kv_bsz = v.size(0) // self.num_heads
+        if kv_bsz != bsz:  # fairseq's shared encoder keys under beam search (set_beam_size)
+            out = torch.einsum("bxhts,bhsd->bxhtd", probs.view(kv_bsz, -1, self.num_heads, *probs.shape[1:]),
+                               v.view(kv_bsz, self.num_heads, *v.shape[1:]))
+            out = out.reshape(-1, *out.shape[-2:])
+        else:
+            out = torch.bmm(probs, v)
+        out = self.out_proj(out.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim))
+        weights = None
+        if need_weights:
+            weights = probs_float.view(bsz, self.num_heads, tgt_len, -1).transpose(1, 0)
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        return out, weights
+
+
+def sparse_topk_attention(args, site: str, embed_dim: int, num_heads: int, **mha_kwargs):
+    """A ``SparseTopKAttention`` for ``site`` ("es" or "dc") when the model's ``--self-attn-mode
+    sparse_topk`` has ``--sparse-topk-attention`` name it; else None (the caller builds fairseq's)."""
+    if safe_getattr(args, "self_attn_mode", None) != "sparse_topk":
+        return None
+    _, options = variant_options(args)
+    if site not in parse_sites(options.sparse_topk_attention):
+        return None
+    k = DEFAULT_SPARSE_TOPK if options.sparse_topk is None else options.sparse_topk
+    return SparseTopKAttention(embed_dim, num_heads, top_k=k, **mha_kwargs)

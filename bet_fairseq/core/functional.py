@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masks import diagonal_free, masked_softmax, own_position, safe_sdpa
+from .masks import COMPUTE, causal_allowed, diagonal_free, masked_softmax, own_position, rows_without_keys, safe_sdpa
 
 
 # ------------------------------------------------------------------------------------ diagonal
@@ -35,19 +35,23 @@ def split_bet_w(w: Tensor, head_dim: int, dtype=None) -> Tuple[Tensor, Tensor]:
 
 
 def bet_sf_logits(q: Tensor, k: Tensor, v: Tensor, w: Tensor, allowed: Optional[Tensor],
-                  keep_diagonal: bool = False, prev_r: Optional[Tensor] = None, prev_vw: Optional[Tensor] = None):
+                  keep_diagonal: bool = False, prev_r: Optional[Tensor] = None, prev_vw: Optional[Tensor] = None,
+                  empty=COMPUTE):
     """BET(SF) up to the second softmax: ``(D * R, the second pass's mask, A, R, V w_h)``.
 
     First pass ``A = softmax(D)`` (no dropout), ``R_j = sigmoid(w . [H_j ; K_j])`` with ``H = A V``; the
     second pass's mask is DiagFreeMask(allowed) (``keep_diagonal``: allowed). ``prev_r`` / ``prev_vw``: R and
     ``V w_h`` of the first S - T keys, cached by an incremental decoder (they never change once computed).
-    ``allowed=None``: every key visible. R and ``V w_h`` are returned for all S keys.
+    ``allowed=None``: every key visible. R and ``V w_h`` are returned for all S keys. ``empty``:
+    ``rows_without_keys(allowed)`` if the caller has it (the second pass has the same empty rows).
     """
     tgt_len, src_len, head_dim = q.size(2), k.size(2), q.size(3)
     scores = torch.matmul(q, k.transpose(-1, -2))  # D = Q K^T / sqrt(d)
-    first = masked_softmax(scores, allowed, q.dtype)
-    w_h, w_k = split_bet_w(w, head_dim, q.dtype)
+    first = masked_softmax(scores, allowed, q.dtype, empty)
     new = src_len - tgt_len
+    if tgt_len == 1 and prev_vw is not None and prev_vw.size(2) == new and prev_r is not None:
+        return _bet_sf_step_logits(scores, first, k, v, w, allowed, keep_diagonal, prev_r, prev_vw)
+    w_h, w_k = split_bet_w(w, head_dim, q.dtype)
     if prev_vw is None or prev_vw.size(2) != new:
         vw = torch.matmul(v, w_h).squeeze(-1)  # (B, H, S)
     else:
@@ -58,10 +62,28 @@ def bet_sf_logits(q: Tensor, k: Tensor, v: Tensor, w: Tensor, allowed: Optional[
     return scores * r.unsqueeze(2), final_allowed, first, r, vw  # R_j scales column j
 
 
+def _bet_sf_step_logits(scores, first, k, v, w, allowed, keep_diagonal, prev_r, prev_vw):
+    """``bet_sf_logits`` for one decoding step with R and V w_h cached: the same numbers with a few
+    elementwise products instead of broadcast matmuls, and, when the step sees every key, the DiagFreeMask
+    written into the logits (the own key is the last) instead of a mask tensor."""
+    head_dim = k.size(3)
+    w = w.to(k.dtype).unsqueeze(1)  # (heads or 1, 1, 2 d)
+    vw = torch.cat([prev_vw, (v[:, :, -1:] * w[..., :head_dim]).sum(-1)], dim=2)  # (B, H, S)
+    hw = (first.squeeze(2) * vw).sum(-1, keepdim=True)  # A (V w_h), (B, H, 1)
+    r = torch.cat([prev_r, torch.sigmoid(hw + (k[:, :, -1:] * w[..., head_dim:]).sum(-1))], dim=2)
+    logits = scores * r.unsqueeze(2)
+    src_len = k.size(2)
+    if allowed is None and not keep_diagonal and src_len > 1:
+        logits[..., -1] = float("-inf")
+        return logits, None, first, r, vw
+    return logits, second_pass_allowed(allowed, keep_diagonal, 1, src_len, k.device), first, r, vw
+
+
 def second_pass_allowed(allowed: Optional[Tensor], keep_diagonal: bool, tgt_len: int, src_len: int,
                         device=None) -> Optional[Tensor]:
     """The mask of BET's second softmax: DiagFreeMask(allowed), or ``allowed`` itself with ``keep_diagonal``.
-    ``allowed=None`` (one decoding step that sees every key): the own (last) key goes unless it is the only one."""
+    ``allowed=None`` (one decoding step that sees every key): the own (last) key goes unless it is the only one.
+    A row has a key here exactly when it has one in ``allowed`` (DiagFreeMask keeps a lone diagonal)."""
     if allowed is None:
         if not keep_diagonal and src_len > 1:
             final_allowed = torch.ones(1, 1, tgt_len, src_len, dtype=torch.bool, device=device)
@@ -77,37 +99,201 @@ def bet_sf_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, allowed: Option
     """BET(SF) with the attention matrix materialised: ``A' = softmax(DiagFreeMask(D * R))``, output
     ``A' V`` (``dropout`` on A'). Returns ``(out, A', A, R of all S keys, V w_h of all S keys)``; the
     arguments are those of ``bet_sf_logits``."""
-    logits, final_allowed, first, r, vw = bet_sf_logits(q, k, v, w, allowed, keep_diagonal, prev_r, prev_vw)
-    probs = masked_softmax(logits, final_allowed, q.dtype)
+    empty = rows_without_keys(allowed)
+    logits, final_allowed, first, r, vw = bet_sf_logits(q, k, v, w, allowed, keep_diagonal, prev_r, prev_vw, empty)
+    probs = masked_softmax(logits, final_allowed, q.dtype, empty)
     out = torch.matmul(probs if dropout is None else dropout(probs), v)
     return out, probs, first, r, vw
 
 
-def first_pass_value_scores(q: Tensor, k: Tensor, vw: Tensor, allowed: Optional[Tensor],
-                            use_sdpa: Optional[bool] = None) -> Tensor:
-    """softmax(masked Q K^T) (V w_h), (B, H, T, 1), without dropout (the first pass has none).
+def query_chunks(allowed: Optional[Tensor], tgt_len: int, src_len: int, chunk: int = 128):
+    """Query row ranges ``[s, e)`` of about ``chunk`` rows (at most 8 ranges): under a causal mask the rows
+    of range ``[s, e)`` see only the first ``S - T + e`` keys, so attending range by range skips most of
+    the masked upper triangle (about (n + 1) / 2n of the work for n ranges). One range when ``allowed``
+    lets any query see a later key (or is None)."""
+    if allowed is None or bool(allowed.triu(1 + src_len - tgt_len).any()):
+        return [(0, tgt_len)]
+    n = max(1, min(8, tgt_len // chunk))
+    bounds = [round(tgt_len * i / n) for i in range(n + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
-    On GPUs through SDPA with V w_h zero-padded to 8 columns (what the memory-efficient kernel
-    accepts), so no T x S matrix is stored; on CPU SDPA would fall back to its math path with extra
-    copies, so the matrix is computed directly there.
+
+def _chunk_probs(q: Tensor, k: Tensor, bias: Optional[Tensor], s: int, e: int) -> Tensor:
+    """float32 softmax of the query rows ``[s, e)`` over the keys they may see (``bias``: 0 / -inf)."""
+    key_end = k.size(2) - q.size(2) + e
+    d = torch.matmul(q[:, :, s:e], k[:, :, :key_end].transpose(-1, -2)).float()
+    if bias is not None:
+        d.add_(bias[..., s:e, :key_end])
+    return torch.softmax(d, dim=-1)
+
+
+class _FirstPassValueScores(torch.autograd.Function):
+    """``softmax(D + bias) (V w_h)`` query range by range, storing no T x S matrix: the backward recomputes
+    each range's probabilities A and uses ``dD_ij = A_ij g_i (vw_j - hw_i)`` (the softmax's Jacobian applied
+    to the rank-one gradient ``g vw^T`` of ``A``). Every row must have a key (no -inf-only row)."""
+
+    @staticmethod
+    def forward(ctx, q, k, vw, bias, bounds):
+        hw = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        offset = k.size(2) - q.size(2)
+        for s, e in bounds:
+            a = _chunk_probs(q, k, bias, s, e)
+            hw[:, :, s:e] = torch.matmul(a, vw[:, :, : offset + e, None].float()).squeeze(-1)
+        ctx.save_for_backward(q, k, vw, bias, hw)
+        ctx.bounds = bounds
+        return hw.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, vw, bias, hw = ctx.saved_tensors
+        offset = k.size(2) - q.size(2)
+        dq, dk, dvw = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(vw, dtype=torch.float32)
+        grad = grad.float()
+        for s, e in ctx.bounds:
+            key_end = offset + e
+            a = _chunk_probs(q, k, bias, s, e)  # (B, H, c, K)
+            g = grad[:, :, s:e, None]  # (B, H, c, 1)
+            dvw[:, :, :key_end] += torch.matmul(a.transpose(-1, -2), g).squeeze(-1)
+            outer = torch.baddbmm((-g * hw[:, :, s:e, None]).flatten(0, 1), g.flatten(0, 1),
+                                  vw[:, :, None, :key_end].float().flatten(0, 1))  # g_i (vw_j - hw_i)
+            dd = a.mul_(outer.view_as(a)).to(q.dtype)
+            del a, outer
+            dq[:, :, s:e] = torch.matmul(dd, k[:, :, :key_end])
+            dk[:, :, :key_end] += torch.matmul(dd.transpose(-1, -2), q[:, :, s:e])
+        return dq, dk, dvw.to(vw.dtype), None, None
+
+
+class _BetSFCausal(torch.autograd.Function):
+    """Both BET(SF) passes on one ``D = Q K^T`` per query range (``bounds``), storing no T x S matrix.
+
+    Range ``[s, e)`` needs R only of the keys ``< e``, whose first passes are done by then, so one sweep
+    computes ``A = softmax(D masked by blocked1)``, ``hw = A (V w_h)``, ``R = sigmoid(hw + kw)`` and
+    ``out = softmax(D * R masked by blocked2) V`` (``blocked*``: boolean, True where a key is masked; kept
+    for the backward as booleans, a quarter of a float mask). The backward sweeps the ranges in reverse (R_j's gradient comes from
+    rows >= j), recomputing D and both softmaxes: the second pass's softmax gradient, ``dR_j = sum_i dD'_ij
+    D_ij``, then the first pass's ``dD_ij += A_ij dz_i (vw_j - hw_i)`` with ``dz = dR R (1 - R)``. Needs
+    T == S (query i is key i), float32, no dropout and no row without keys.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, vw, kw, blocked1, blocked2, bounds):
+        out = torch.empty_like(q)
+        hw, r = q.new_empty(q.shape[:-1]), q.new_empty(q.shape[:-1])
+        neg = float("-inf")
+        for s, e in bounds:
+            d = torch.matmul(q[:, :, s:e], k[:, :, :e].transpose(-1, -2))
+            a = torch.softmax(d.masked_fill(blocked1[..., s:e, :e], neg), dim=-1)
+            hw[:, :, s:e] = torch.matmul(a, vw[:, :, :e, None]).squeeze(-1)
+            del a
+            r[:, :, s:e] = torch.sigmoid(hw[:, :, s:e] + kw[:, :, s:e])
+            d.mul_(r[:, :, None, :e]).masked_fill_(blocked2[..., s:e, :e], neg)
+            out[:, :, s:e] = torch.matmul(torch.softmax(d, dim=-1), v[:, :, :e])
+        ctx.save_for_backward(q, k, v, vw, hw, r, out, blocked1, blocked2)
+        ctx.bounds = bounds
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, vw, hw, r, out, blocked1, blocked2 = ctx.saved_tensors
+        neg = float("-inf")
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dvw, dr = torch.zeros_like(vw), torch.zeros_like(vw)
+        dz = torch.empty_like(vw)
+        delta = (dout * out).sum(-1, keepdim=True)  # rowsum(dA' * A') of the second softmax
+        for s, e in reversed(ctx.bounds):
+            d = torch.matmul(q[:, :, s:e], k[:, :, :e].transpose(-1, -2))
+            p2 = torch.softmax((d * r[:, :, None, :e]).masked_fill_(blocked2[..., s:e, :e], neg), dim=-1)
+            dv[:, :, :e] += torch.matmul(p2.transpose(-1, -2), dout[:, :, s:e])
+            dd = torch.matmul(dout[:, :, s:e], v[:, :, :e].transpose(-1, -2)).sub_(delta[:, :, s:e]).mul_(p2)
+            del p2
+            dr[:, :, :e] += (dd * d).sum(-2)
+            dd.mul_(r[:, :, None, :e])
+            rc = r[:, :, s:e]
+            dz[:, :, s:e] = dr[:, :, s:e] * rc * (1 - rc)  # complete: rows >= s are done
+            g = dz[:, :, s:e, None]
+            a = torch.softmax(d.masked_fill_(blocked1[..., s:e, :e], neg), dim=-1)
+            del d
+            dvw[:, :, :e] += torch.matmul(a.transpose(-1, -2), g).squeeze(-1)
+            outer = torch.baddbmm((-g * hw[:, :, s:e, None]).flatten(0, 1), g.flatten(0, 1),
+                                  vw[:, :, None, :e].flatten(0, 1))  # dz_i (vw_j - hw_i)
+            dd.addcmul_(a, outer.view_as(a))
+            del a, outer
+            dq[:, :, s:e] = torch.matmul(dd, k[:, :, :e])
+            dk[:, :, :e] += torch.matmul(dd.transpose(-1, -2), q[:, :, s:e])
+        return dq, dk, dv, dvw, dz, None, None, None
+
+
+def mask_bias(allowed: Tensor, dtype) -> Tensor:
+    """The boolean mask as an additive float one (0 where allowed, -inf elsewhere), same shape."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+
+
+def first_pass_value_scores(q: Tensor, k: Tensor, vw: Tensor, allowed: Optional[Tensor],
+                            use_sdpa: Optional[bool] = None, empty=COMPUTE, bounds=None) -> Tensor:
+    """softmax(masked Q K^T) (V w_h), (B, H, T, 1), without dropout (the first pass has none); no T x S
+    matrix is kept for the backward.
+
+    On GPUs through SDPA with V w_h zero-padded to 8 columns (what the memory-efficient kernel accepts).
+    On CPU SDPA's fused kernel needs V as wide as K (a narrow V falls back to its math path, which keeps
+    the T x S matrix), so a custom autograd function computes it by query ranges (``bounds``, default
+    ``query_chunks``) and recomputes the probabilities in its backward.
     """
     if use_sdpa is None:
         use_sdpa = q.device.type != "cpu"
+    if empty is COMPUTE:
+        empty = rows_without_keys(allowed)
     if use_sdpa:
-        return safe_sdpa(q, k, F.pad(vw, (0, 7)), allowed)[..., :1]
-    first = masked_softmax(torch.matmul(q, k.transpose(-1, -2)), allowed, q.dtype)
-    return torch.matmul(first, vw)
+        return safe_sdpa(q, k, F.pad(vw, (0, 7)), allowed, empty=empty)[..., :1]
+    if empty is not None:  # rows without keys (left padding): the plain masked matrix
+        first = masked_softmax(torch.matmul(q, k.transpose(-1, -2)), allowed, q.dtype, empty)
+        return torch.matmul(first, vw)
+    bias = None if allowed is None else mask_bias(allowed, torch.float32)
+    if bounds is None:
+        bounds = query_chunks(allowed, q.size(2), k.size(2))
+    return _FirstPassValueScores.apply(q, k, vw.squeeze(-1), bias, bounds).unsqueeze(-1)
 
 
 def bet_sf_fused(q: Tensor, k: Tensor, v: Tensor, w: Tensor, allowed: Tensor, keep_diagonal: bool = False,
                  dropout_p: float = 0.0) -> Tensor:
-    """BET(SF) without materialising A': R is folded into the keys, ``(Q K^T) * R = Q (R ⊙ K)^T``
-    column-wise, so the second pass is one SDPA call (flash / memory-efficient kernels on GPU)."""
+    """BET(SF) without keeping A' or A for the backward. On CPU (float32, no attention dropout, no row without
+    keys, T == S) both passes run in ``_BetSFCausal`` on one ``Q K^T`` per query range; on GPUs under the plain
+    causal mask ``bet_sf_causal_sdpa`` (no mask tensor); otherwise R is folded into the keys,
+    ``(Q K^T) * R = Q (R ⊙ K)^T`` column-wise, and the second pass is one SDPA call after
+    ``first_pass_value_scores``."""
     w_h, w_k = split_bet_w(w, q.size(3), q.dtype)
-    hw = first_pass_value_scores(q, k, torch.matmul(v, w_h), allowed)
-    r = bet_key_scores(hw, k, w_k)
+    empty = rows_without_keys(allowed)
     final_allowed = second_pass_allowed(allowed, keep_diagonal, q.size(2), k.size(2), q.device)
-    return safe_sdpa(q, k * r.unsqueeze(-1), v, final_allowed, dropout_p)
+    if (q.device.type == "cpu" and empty is None and allowed is not None and dropout_p == 0.0
+            and q.dtype == torch.float32 and q.size(2) == k.size(2)):
+        bounds = query_chunks(allowed, q.size(2), k.size(2))
+        vw, kw = torch.matmul(v, w_h).squeeze(-1), torch.matmul(k, w_k).squeeze(-1)
+        return _BetSFCausal.apply(q, k, v, vw, kw, ~allowed, ~final_allowed, bounds)
+    if (q.device.type != "cpu" and allowed is not None and allowed.size(0) == 1 and q.size(2) == k.size(2)
+            and torch.equal(allowed, causal_allowed(q.size(2), k.size(2), q.device))):
+        return bet_sf_causal_sdpa(q, k, v, w, keep_diagonal, dropout_p)
+    hw = first_pass_value_scores(q, k, torch.matmul(v, w_h), allowed, empty=empty)
+    r = bet_key_scores(hw, k, w_k)
+    return safe_sdpa(q, k * r.unsqueeze(-1), v, final_allowed, dropout_p, empty)
+
+
+def bet_sf_causal_sdpa(q: Tensor, k: Tensor, v: Tensor, w: Tensor, keep_diagonal: bool = False,
+                       dropout_p: float = 0.0) -> Tensor:
+    """``bet_sf_fused`` under the plain causal mask (T == S, no padding) with no mask tensor at all, so that
+    memory stays linear in T (GPUs): the first pass is ``SDPA(Q, K, V w_h, is_causal)`` (V w_h padded to 8
+    columns); the DiagFreeMask is the causal mask shifted by one key, query i >= 1 sees keys 0 .. i-1:
+    ``SDPA(Q[1:], (R ⊙ K)[:-1], V[:-1], is_causal)``, and row 0 sees only itself (output V_0)."""
+    w_h, w_k = split_bet_w(w, q.size(3), q.dtype)
+    vw = F.pad(torch.matmul(v, w_h), (0, 7))
+    hw = F.scaled_dot_product_attention(q, k, vw, is_causal=True, scale=1.0)[..., :1]
+    kr = k * bet_key_scores(hw, k, w_k).unsqueeze(-1)
+    if keep_diagonal or q.size(2) == 1:
+        return F.scaled_dot_product_attention(q, kr, v, is_causal=True, dropout_p=dropout_p, scale=1.0)
+    rest = F.scaled_dot_product_attention(q[:, :, 1:], kr[:, :, :-1], v[:, :, :-1], is_causal=True,
+                                          dropout_p=dropout_p, scale=1.0)
+    first_row = v[:, :, :1]
+    if dropout_p > 0:  # row 0's single weight 1, dropped out like any other weight
+        first_row = F.dropout(torch.ones_like(first_row[..., :1]), dropout_p) * first_row
+    return torch.cat([first_row, rest], dim=2)
 
 
 # ------------------------------------------------------------------------------------ BET(SF), the authors' code
@@ -213,13 +399,37 @@ def localness_bias(centre: Tensor, width: Tensor, src_len: int, min_sigma: float
     return bias.unsqueeze(1)
 
 
-def hopfield_logits(xi: Tensor, k: Tensor, beta: float, steps: int, allowed: Optional[Tensor]) -> Tensor:
+def hopfield_logits(xi: Tensor, k: Tensor, beta: float, steps: Optional[int], allowed: Optional[Tensor],
+                    eps: Optional[float] = None) -> Tensor:
     """Ramsauer et al. 2020: ``steps - 1`` updates ``xi <- softmax(beta xi K^T) K`` of the (unscaled)
-    state patterns, then the final logits ``beta xi K^T``."""
+    state patterns, then the final logits ``beta xi K^T``.
+
+    ``eps`` (the hopfield-layers library's ``update_steps_eps``): a query row stops updating once its
+    association row changed by at most ``eps`` (L2) in an update, and keeps the logits of that update;
+    ``steps`` is then a maximum (None: none). The decision is per (batch, head, query) row, so a row never
+    depends on another row (causal, and a decoding step equals the full pass); the library decides per
+    head over the whole batch.
+    """
     kt = k.transpose(-1, -2)
-    for _ in range(steps - 1):
-        xi = torch.matmul(masked_softmax(beta * torch.matmul(xi, kt), allowed, xi.dtype), k)
-    return beta * torch.matmul(xi, kt)
+    logits = beta * torch.matmul(xi, kt)
+    if eps is None or steps == 1:
+        for _ in range(steps - 1):
+            xi = torch.matmul(masked_softmax(logits, allowed, xi.dtype), k)
+            logits = beta * torch.matmul(xi, kt)
+        return logits
+    probs = masked_softmax(logits, allowed, torch.float32)
+    active = torch.ones(logits.shape[:-1], dtype=torch.bool, device=logits.device)
+    step = 1
+    while (steps is None or step < steps) and bool(active.any()):
+        new_logits = beta * torch.matmul(torch.matmul(probs.to(k.dtype), k), kt)
+        new_probs = masked_softmax(new_logits, allowed, torch.float32)
+        rows = active.unsqueeze(-1)
+        logits = torch.where(rows, new_logits, logits)
+        with torch.no_grad():
+            active = active & ((new_probs - probs).norm(dim=-1) > eps)
+        probs = torch.where(rows, new_probs, probs)
+        step += 1
+    return logits
 
 
 def relative_sinusoids(length: int, dim: int, device=None, dtype=torch.float) -> Tensor:
@@ -234,8 +444,8 @@ def relative_sinusoids(length: int, dim: int, device=None, dtype=torch.float) ->
 def relative_logits(q: Tensor, k: Tensor, r: Tensor, u: Tensor, v: Tensor, clamp_len: Optional[int] = None) -> Tensor:
     """Transformer-XL (Dai et al. 2019, 3.3): ``(q_i + u)^T k_j + (q_i + v)^T r_{i-j}``.
 
-    q (B, H, T, d), k (B, H, S, d) with the queries at the last T positions; r (H, S, d) the projected
-    sinusoids of the distances 0 .. S-1; u, v (H, d). The distance term is computed once per distance
+    q (B, H, T, d), k (B, H, S, d) with the queries at the last T positions; r (H, R, d) the projected
+    sinusoids of the distances 0 .. R-1 (R = S, or clamp_len + 1 when that is fewer); u, v (H, d). The distance term is computed once per distance
     and gathered into the (i, j) grid (the same numbers as the paper's relative shift). Distances < 0
     (future keys) read distance 0; the causal mask removes them. ``clamp_len``: distances beyond it read
     ``r`` of ``clamp_len`` (the reference code's ``clamp_len``).
@@ -258,3 +468,50 @@ def routing_vectors(x: Tensor) -> Tensor:
 def nearest_centroid(x: Tensor, centroids: Tensor) -> Tensor:
     """x (B, H, L, d) unit vectors, centroids (H, C, d) -> cluster index (B, H, L)."""
     return torch.einsum("bhld,hcd->bhlc", x, centroids.to(x.dtype)).argmax(dim=-1)
+
+
+def routing_commitment(r: Tensor, centroids: Tensor, keep: Optional[Tensor] = None) -> Tensor:
+    """Roy et al.'s k-means commitment term of each token, ``mean_h ||r_h - mu(r_h)||^2``, (B, L).
+
+    r (B, H, L, d) routing vectors, centroids (H, C, d), mu(r) the nearest centroid (a constant: the
+    term pulls the vectors towards their centroids, never the centroids); ``keep`` (B, L) zeroes padding.
+    With unit vectors this is the reference code's mean of ``(LN(x) - mu)^2`` over the dimensions, whose
+    layer-normalised vectors have norm sqrt(d)."""
+    idx = nearest_centroid(r.detach(), centroids)
+    heads = torch.arange(r.size(1), device=r.device).view(1, -1, 1)
+    mu = centroids.to(r.dtype)[heads, idx]  # (B, H, L, d)
+    per_token = (r - mu).square().sum(-1).mean(1)
+    return per_token if keep is None else per_token * keep.to(per_token.dtype)
+
+
+class _CommitmentGradient(torch.autograd.Function):
+    """Identity forward; backward adds the gradient of ``weight * sum of routing_commitment`` over the
+    routing heads ``x[:, first_head:]`` (routing vectors of ``x / divisor``). fairseq's criterions sum
+    the loss over tokens and the trainer divides the gradients by the sample size (tokens), so a
+    per-token sum here becomes the reference code's per-token mean; the reported loss stays the
+    criterion's own (perplexity is not changed)."""
+
+    @staticmethod
+    def forward(ctx, x, centroids, keep, weight, first_head, divisor):
+        ctx.save_for_backward(x, centroids, keep)
+        ctx.weight, ctx.first_head, ctx.divisor = weight, first_head, divisor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, centroids, keep = ctx.saved_tensors
+        with torch.enable_grad():
+            xr = x[:, ctx.first_head:].detach().requires_grad_()
+            loss = ctx.weight * routing_commitment(routing_vectors(xr / ctx.divisor), centroids, keep).sum()
+            (extra,) = torch.autograd.grad(loss, xr)
+        grad = grad.clone()
+        grad[:, ctx.first_head:] += extra.to(grad.dtype)
+        return grad, None, None, None, None, None
+
+
+def with_commitment_gradient(x: Tensor, centroids: Tensor, keep: Optional[Tensor], weight: float,
+                             first_head: int = 0, divisor: float = 1.0) -> Tensor:
+    """``x`` (B, H, L, d) unchanged, whose gradient gains that of ``weight * routing_commitment`` summed
+    over the tokens, for the heads from ``first_head`` (see ``_CommitmentGradient``). ``centroids``:
+    the ones the forward routed with (pass a copy if they change before the backward)."""
+    return _CommitmentGradient.apply(x, centroids, keep, float(weight), int(first_head), float(divisor))

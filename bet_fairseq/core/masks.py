@@ -28,37 +28,59 @@ def diagonal_free(allowed: Tensor) -> Tensor:
     return allowed & ~(diag & has_history)
 
 
-def masked_softmax(logits: Tensor, allowed: Optional[Tensor], dtype=None) -> Tensor:
+COMPUTE = object()  # ``empty=COMPUTE`` (the default): find the rows without keys here
+
+
+def rows_without_keys(allowed: Optional[Tensor]) -> Optional[Tensor]:
+    """The rows with no allowed key, (..., T, 1), or None when there is none (the usual case: such rows come
+    only from left padding). Computed once per forward and handed to the functions below as ``empty``, so
+    that they neither recompute it nor mask rows that need no masking."""
+    if allowed is None:
+        return None
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    return empty if bool(empty.any()) else None
+
+
+def masked_softmax(logits: Tensor, allowed: Optional[Tensor], dtype=None, empty=COMPUTE) -> Tensor:
     """softmax over the allowed keys, in float32, returned as ``dtype`` (default: the logits' dtype).
 
     A row with no allowed key (a left-padding query) gets all-zero weights, never NaN, so nothing
-    spreads into real positions through 0 * NaN in later layers or in the gradient.
+    spreads into real positions through 0 * NaN in later layers or in the gradient. ``empty``: the
+    ``rows_without_keys(allowed)`` of the caller, if it has them.
     """
     dtype = dtype or logits.dtype
     logits = logits.float()
     if allowed is None:
         return F.softmax(logits, dim=-1).to(dtype)
-    empty = ~allowed.any(dim=-1, keepdim=True)
+    if empty is COMPUTE:
+        empty = rows_without_keys(allowed)
+    if empty is None:
+        return F.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).to(dtype)
     probs = F.softmax(logits.masked_fill(~(allowed | empty), float("-inf")), dim=-1)
     return probs.masked_fill(empty, 0.0).to(dtype)
 
 
-def masked_log_softmax(logits: Tensor, allowed: Optional[Tensor]) -> Tensor:
+def masked_log_softmax(logits: Tensor, allowed: Optional[Tensor], empty=COMPUTE) -> Tensor:
     """log of ``masked_softmax``, computed in log space (float32): a weight that underflows to 0 still has
     a finite log and a gradient. Masked keys get -inf; a row with no allowed key gets finite values that
-    carry no meaning (its weights are zeros)."""
+    carry no meaning (its weights are zeros). ``empty`` as ``masked_softmax``."""
     logits = logits.float()
     if allowed is not None:
-        empty = ~allowed.any(dim=-1, keepdim=True)
-        logits = logits.masked_fill(~(allowed | empty), float("-inf"))
+        if empty is COMPUTE:
+            empty = rows_without_keys(allowed)
+        logits = logits.masked_fill(~(allowed if empty is None else allowed | empty), float("-inf"))
     return F.log_softmax(logits, dim=-1)
 
 
-def safe_sdpa(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], dropout_p: float = 0.0) -> Tensor:
+def safe_sdpa(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], dropout_p: float = 0.0,
+              empty=COMPUTE) -> Tensor:
     """``scaled_dot_product_attention`` with scale 1 (q comes scaled) and zero output for rows
-    without keys (SDPA itself returns NaN there)."""
+    without keys (SDPA itself returns NaN there). ``empty`` as ``masked_softmax``."""
     if allowed is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=1.0)
-    empty = ~allowed.any(dim=-1, keepdim=True)
+    if empty is COMPUTE:
+        empty = rows_without_keys(allowed)
+    if empty is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=1.0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | empty, dropout_p=dropout_p, scale=1.0)
     return out.masked_fill(empty, 0.0)

@@ -32,6 +32,19 @@ class VariantDecoderLayer(TransformerDecoderLayer):
             return VARIANTS["vanilla"](embed_dim, cfg.decoder.attention_heads, **mha_kwargs)
         return build_variant(self._variant_args, embed_dim, cfg.decoder.attention_heads, **mha_kwargs)
 
+    def build_encoder_attention(self, embed_dim, args):
+        """Zhao et al.'s top-k in the encoder-decoder attention too when ``--sparse-topk-attention``
+        names ``dc``; otherwise fairseq's."""
+        from ..attention.sparse_topk import sparse_topk_attention
+
+        cfg = TransformerConfig.from_namespace(args)
+        attention = sparse_topk_attention(
+            self._variant_args, "dc", embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim,
+            vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout, encoder_decoder_attention=True,
+            q_noise=self.quant_noise, qn_block_size=self.quant_noise_block_size,
+        )
+        return attention if attention is not None else super().build_encoder_attention(embed_dim, args)
+
     def __init__(self, args, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False, uses_variant=True):
         # read by build_self_attention, called inside super().__init__
         self._variant_args, self._uses_variant = args, uses_variant

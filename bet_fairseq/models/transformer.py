@@ -1,11 +1,15 @@
 """Encoder-decoder models for translation: fairseq's TransformerModel with the decoder self-attention
-replaced by a ``--self-attn-mode`` variant (the paper: in translation, the decoder only)."""
+replaced by a ``--self-attn-mode`` variant (the paper: in translation, the decoder only). Zhao et al.'s
+top-k may also take the encoder self-attention and the encoder-decoder attention
+(``--sparse-topk-attention``; all three by default, as the authors' code)."""
 
 from fairseq.models import register_model
 from fairseq.models.transformer import TransformerModel
 
 from ..attention import check_variant
+from ..attention.sparse_topk import TRANSLATION_SITES
 from .decoder import VariantTransformerDecoder
+from .encoder import VariantTransformerEncoder
 from .options import add_attention_args, upgrade_legacy_options
 
 
@@ -18,12 +22,18 @@ class VariantTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        from .architectures import translation_defaults
+        from .architectures import fill, translation_defaults
 
         upgrade_legacy_options(args)
         translation_defaults(args)
+        if args.self_attn_mode == "sparse_topk":
+            fill(args, sparse_topk_attention=TRANSLATION_SITES)
         check_variant(args, args.decoder_attention_heads)  # fail on bad options before anything is built
         return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return VariantTransformerEncoder(args, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):

@@ -12,7 +12,22 @@ embeddings and sublayer outputs, ``--attention-dropout`` on attention probabilit
 rows (fairseq's transformer_lm); no absolute positions (the relative terms carry position).
 Architectures at the sizes of the other LM rows (``architectures.LM_SIZES``, 6 layers): ``transformer_xl_lm``
 (WikiText-2), ``transformer_xl_lm_wikitext103``, ``transformer_xl_lm_enwik8``.
-This decoder scores text (training, fairseq-eval-lm); incremental generation is not implemented.
+
+Generation (fairseq-generate / fairseq-interactive, ``--task language_modeling``) is incremental: each call
+computes only the positions not seen yet (fairseq's convention: the whole prefix is passed every step) and
+each layer's attention caches the keys and values of the earlier positions, batch-first (beam search
+reorders them). A prompt and the tokens generated after it are one segment of a new stream: the memory kept
+between scoring calls is neither used nor changed, and the result equals the full forward of the prefix
+with no memory (segment 0), relative logits and ``--clamp-len`` included. Without ``--same-length`` every
+position sees the whole prefix, so a step costs more as the text grows and distances grow past those seen
+in training (``--clamp-len`` bounds them); with ``--same-length`` every position sees its last ``--mem-len``
+positions (itself included), as in the reference code's evaluation, so the cache keeps ``mem_len - 1``
+positions per layer and a step costs the same however long the text (``--model-overrides
+"{'same_length': True}"`` turns it on for a model trained without it). ``memory=`` (layer inputs of an earlier
+segment, as ``extra["layer_inputs"]``) may be given on the first incremental call only: it is cached as a
+context before the prompt, as in the full forward with that memory. The model loads under any task (for
+generation), but with ``--mem-len > 0`` it refuses to train or score under a task without contiguous
+segments, at its first scoring forward.
 """
 
 import math
@@ -84,11 +99,12 @@ class TransformerXLLayer(nn.Module):
         self.activation_fn = utils.get_activation_fn(str(cfg.activation_fn))
         self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
 
-    def forward(self, x: Tensor, memory: Optional[Tensor]) -> Tensor:
-        """x (B, T, E), memory (B, M, E) of this layer's earlier inputs (already detached)."""
+    def forward(self, x: Tensor, memory: Optional[Tensor], incremental_state=None) -> Tensor:
+        """x (B, T, E), memory (B, M, E) of this layer's earlier inputs (already detached);
+        ``incremental_state``: the attention adds x's keys/values to those cached."""
         normed = self.self_attn_layer_norm(x).transpose(0, 1)  # (T, B, E), as fairseq's attention takes it
         context = None if memory is None else torch.cat([self.self_attn_layer_norm(memory).transpose(0, 1), normed])
-        h, _ = self.self_attn(normed, context, context, need_weights=False)
+        h, _ = self.self_attn(normed, context, context, incremental_state=incremental_state, need_weights=False)
         x = x + self.dropout_module(h.transpose(0, 1))
         h = self.fc2(self.dropout_module(self.activation_fn(self.fc1(self.final_layer_norm(x)))))
         return x + self.dropout_module(h)
@@ -117,6 +133,9 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
             self.output_projection = nn.Linear(dim, len(dictionary), bias=False)
             nn.init.normal_(self.output_projection.weight, mean=0, std=dim ** -0.5)
         self.memory: Optional[List[Tensor]] = None
+        # Set by the model for a task without contiguous segments: scoring with memory is an error there,
+        # generation (which never uses the kept memory) is not.
+        self.segments_required: Optional[str] = None
 
     def reset_memory(self):
         self.memory = None
@@ -129,16 +148,20 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
     def forward(self, prev_output_tokens, src_lengths=None, incremental_state=None, features_only=False,
                 segment_index=None, memory: Optional[List[Tensor]] = None, **unused):
         """``memory``: explicit per-layer memory (B, M, E) to use instead of (and without updating) the
-        memory kept from the previous call."""
-        if incremental_state is not None:
-            raise NotImplementedError("transformer_xl_lm scores text (fairseq-eval-lm); incremental generation "
-                                      "is not implemented")
-        x, extra = self.extract_features(prev_output_tokens, segment_index=segment_index, memory=memory)
+        memory kept from the previous call. With ``incremental_state``: the features and logits of the
+        positions of ``prev_output_tokens`` not seen by the earlier calls only."""
+        x, extra = self.extract_features(prev_output_tokens, segment_index=segment_index, memory=memory,
+                                         incremental_state=incremental_state)
         return (x if features_only else self.output_layer(x)), extra
 
-    def extract_features(self, prev_output_tokens, segment_index=None, memory=None, **unused):
+    def extract_features(self, prev_output_tokens, segment_index=None, memory=None, incremental_state=None,
+                         **unused):
+        if incremental_state is not None:
+            return self.extract_incremental(prev_output_tokens, incremental_state, memory)
         explicit = memory is not None
         if not explicit:
+            if self.mem_len > 0 and self.segments_required is not None:
+                raise ValueError(self.segments_required)
             first = segment_index is not None and int(segment_index) == 0
             memory = self.memory
             if first or self.mem_len == 0 or (memory is not None and memory[0].size(0) != prev_output_tokens.size(0)):
@@ -156,6 +179,27 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
                 ]
         return self.layer_norm(x), {"attn": [None], "inner_states": inputs + [x], "layer_inputs": inputs}
 
+    def extract_incremental(self, prev_output_tokens, incremental_state, memory=None):
+        """One generation call: the positions after the ``seen`` ones of earlier calls, attending to the
+        cached keys/values of the earlier positions (and of ``memory``, on the first call)."""
+        state = self.get_incremental_state(incremental_state, "positions")
+        seen = 0 if state is None else int(state["seen"])
+        if memory is not None and seen:
+            raise ValueError("transformer_xl_lm: memory= goes with the first incremental call only (it is cached "
+                             "with the prompt's keys)")
+        new_tokens = prev_output_tokens[:, seen:]
+        if new_tokens.size(1) == 0:
+            raise ValueError(f"transformer_xl_lm: incremental decoding takes the whole prefix each call; got "
+                             f"{prev_output_tokens.size(1)} tokens, {seen} of them already decoded")
+        x = self.dropout_module(self.embed_scale * self.embed_tokens(new_tokens))
+        inputs = []
+        for i, layer in enumerate(self.layers):
+            inputs.append(x)
+            x = layer(x, None if memory is None else memory[i], incremental_state=incremental_state)
+        self.set_incremental_state(incremental_state, "positions",
+                                   {"seen": torch.tensor(seen + new_tokens.size(1))})
+        return self.layer_norm(x), {"attn": [None], "inner_states": inputs + [x], "layer_inputs": inputs}
+
     def output_layer(self, features):
         if self.output_projection is None:
             return nn.functional.linear(features, self.embed_tokens.weight)
@@ -164,20 +208,20 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
     def max_positions(self):
         return int(1e9)  # relative positions: no length limit
 
-    def reorder_incremental_state(self, incremental_state, new_order):
-        pass
-
 
 @register_model("bet_transformer_xl_lm", dataclass=TransformerXLConfig)
 class TransformerXLLanguageModel(FairseqLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         validate_txl(args)
+        decoder = TransformerXLDecoder(args, task.target_dictionary)
         if args.mem_len > 0 and not isinstance(task, TruncatedBPTTLanguageModelingTask):
-            raise ValueError(
+            # An error at the first scoring forward, not here: generation (--task language_modeling) is fine.
+            decoder.segments_required = (
                 f"transformer_xl_lm with --mem-len {args.mem_len} needs --task bet_truncated_bptt_lm (contiguous "
-                f"segments; the memory would otherwise mix unrelated batches), got --task {getattr(args, '_name', None) or type(task).__name__}")
-        return cls(TransformerXLDecoder(args, task.target_dictionary))
+                f"segments; the memory would otherwise mix unrelated batches) to train or score, got --task "
+                f"{getattr(getattr(task, 'cfg', None), '_name', None) or type(task).__name__}")
+        return cls(decoder)
 
 
 def _register(arch_name, size):

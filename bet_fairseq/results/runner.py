@@ -196,12 +196,11 @@ def parse_bleu(text):
     return float(m.group(1)) if m else None
 
 
-def sacrebleu_detok(text, target_lang):
-    """sacreBLEU of the Moses-detokenised hypotheses (H-) against the detokenised references (T-)."""
-    import sacrebleu
+def detokenised(text, lang):
+    """(hypotheses, references) of fairseq-generate output (H-/T- lines), Moses-detokenised, in test-set order."""
     from sacremoses import MosesDetokenizer
 
-    md = MosesDetokenizer(target_lang)
+    md = MosesDetokenizer(lang)
     hyps, refs = {}, {}
     for line in text.splitlines():
         m = re.match(r"^([HT])-(\d+)\t(.*)$", line)
@@ -214,9 +213,17 @@ def sacrebleu_detok(text, target_lang):
         else:
             refs[int(idx)] = md.detokenize(rest.split())
     ids = sorted(set(hyps) & set(refs))
-    if not ids:
+    return [hyps[i] for i in ids], [refs[i] for i in ids]
+
+
+def sacrebleu_detok(text, target_lang):
+    """sacreBLEU of the Moses-detokenised hypotheses (H-) against the detokenised references (T-)."""
+    import sacrebleu
+
+    hyps, refs = detokenised(text, target_lang)
+    if not hyps:
         return None
-    return round(sacrebleu.corpus_bleu([hyps[i] for i in ids], [[refs[i] for i in ids]]).score, 2)
+    return round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
 
 
 def parse_eval_lm(text):

@@ -18,8 +18,8 @@ CASES = [
     ("sparse_topk", dict(sparse_topk=3)),
     ("sparse_topk", dict(sparse_topk=8)),
     ("sparse_topk", {}),  # the default k
-    ("hopfield", {}),
-    ("hopfield", dict(hopfield_beta=0.9, hopfield_steps=3)),
+    ("hopfield", dict(hopfield_config="attention")),  # the library configuration: test_hopfield_library.py
+    ("hopfield", dict(hopfield_config="attention", hopfield_beta=0.9, hopfield_steps=3)),
 ]
 IDS = ["localness", "topk3", "topk8", "topk_default", "hopfield", "hopfield_beta0.9_steps3"]
 
@@ -50,7 +50,7 @@ def test_padding_matches_reference(mode, options):
 
 
 def test_localness_window_lies_in_the_visible_prefix():
-    m = make_sharp("localness", E, H)
+    m = make_sharp("localness", E, H, localness_centre_scale="i+1")  # version 0.1's I_i = i + 1
     x = torch.randn(T, B, E) * 3
     positions = torch.arange(T)
     centre, width = m.window(m.q_proj(x), positions)
@@ -64,7 +64,7 @@ def test_hopfield_one_step_is_fairseq_attention():
     fairseq MultiheadAttention's weights with W_V solved for, and compare outputs and weights."""
     torch.manual_seed(1)
     fs = MultiheadAttention(E, H, self_attention=True, dropout=0.0).eval()
-    hop = make_attention("hopfield", E, H)
+    hop = make_attention("hopfield", E, H, hopfield_config="attention")
     assert hop.hopfield_beta == pytest.approx(1 / math.sqrt(D)) and hop.hopfield_steps == 1
     state = {n: p.detach().clone() for n, p in fs.state_dict().items()}
     Wk, bk = state["k_proj.weight"].double(), state["k_proj.bias"].double()
@@ -87,7 +87,7 @@ def test_incremental_equals_full_and_reorder(mode, options):
 
 @pytest.mark.parametrize("mode", ["localness", "sparse_topk", "hopfield"])
 def test_parameters_and_capture(mode):
-    m = make_sharp(mode, E, H)
+    m = make_sharp(mode, E, H, **({"hopfield_config": "attention"} if mode == "hopfield" else {}))
     vanilla = MultiheadAttention(E, H, self_attention=True)
     n_extra = sum(p.numel() for p in m.parameters()) - sum(p.numel() for p in vanilla.parameters())
     assert n_extra == (E * E + 2 * E if mode == "localness" else 0)  # W_p, U_p, U_d

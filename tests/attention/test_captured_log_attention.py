@@ -16,7 +16,10 @@ def test_log_attention_matches_the_float64_reference(mode):
     torch.manual_seed(1)
     m = make_sharp(mode, E, H)
     with torch.no_grad():  # sharp rows: some weights far below float32's smallest number (about 1e-45)
-        m.q_proj.weight.mul_(400.0 if mode == "bet_sf" else 40.0)  # BET's R in (0, 1) damps the logits
+        # BET's R in (0, 1) damps the logits; the Hopfield library's normal(0.02) initialisation is small
+        m.q_proj.weight.mul_(400.0 if mode in ("bet_sf", "hopfield") else 40.0)
+        if mode == "hopfield":
+            m.k_proj.weight.mul_(50.0)
     x = torch.randn(T, B, E)
     ref = reference_for(m, x)
     m.capture_attention = True

@@ -12,9 +12,9 @@ from reference import linear, projections, reference_for, route
 E, H = 16, 4
 
 
-def make_routing(routing_heads=2, clusters=3, window=3, decay=0.5, seed=0, embed_dim=E, num_heads=H):
+def make_routing(routing_heads=2, clusters=3, window=3, decay=0.5, seed=0, embed_dim=E, num_heads=H, **options):
     m = make_attention("routing", embed_dim, num_heads, seed=seed, routing_heads=routing_heads,
-                       routing_clusters=clusters, routing_window=window, routing_ema_decay=decay).double()
+                       routing_clusters=clusters, routing_window=window, routing_ema_decay=decay, **options).double()
     m.centroids_initialized.fill_(True)  # fixed (random) centroids: no k-means init
     return m
 
@@ -62,7 +62,8 @@ def test_routing_incremental_matches_full_sequence():
 
 def test_centroid_ema_update_matches_hand_computation():
     decay, heads, d = 0.7, 2, 6
-    m = make_routing(routing_heads=1, clusters=3, decay=decay, seed=3, embed_dim=12, num_heads=heads).train()
+    m = make_routing(routing_heads=1, clusters=3, decay=decay, seed=3, embed_dim=12, num_heads=heads,
+                     routing_separate_qk=True).train()  # worked by hand for separate keys
     before = m.centroids.clone()[0].tolist()
     x = torch.randn(5, 2, 12, dtype=torch.double)
     pad = torch.zeros(2, 5, dtype=torch.bool)

@@ -12,6 +12,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from cli_utils import TINY_LM, TINY_TRANSLATION, build_model, n_params, toy_dictionaries, variant_flags
 
 from bet_fairseq.attention import VARIANTS
+from bet_fairseq.attention.sparse_topk import SparseTopKAttention
 from bet_fairseq.models.architectures import ROWS, legacy_aliases
 from bet_fairseq.models.decoder import self_attention_modules
 
@@ -41,7 +42,10 @@ ADDED_PARAMETERS = {
     "diag_scale": {},
     "diag_free": {},
     "sparse_topk": {},
-    "hopfield": {},  # its W_V acts on the keys: the shape of fairseq's
+    # the library configuration (the default): affine LayerNorms on the state pattern, stored pattern and
+    # pattern projection inputs
+    "hopfield": {f"norm_{n}.{p}": (E,) for n in ("state_pattern", "stored_pattern", "pattern_projection")
+                 for p in ("weight", "bias")},
     "routing": {},
     "bet_sf": {"bet_w": (H, 2 * D)},  # w: [H_j ; K_j] -> one logit, per head
     "localness": {"localness_w_p.weight": (E, E), "localness_u.weight": (2, E)},  # W_p; U_p, U_d
@@ -78,9 +82,11 @@ def test_a_variant_adds_exactly_its_own_tensors(dicts, kind, variant):
     assert n_params(model) - n_params(fairseq_model) == sum(math.prod(shape) for shape in params.values())
     attentions = self_attention_modules(model)
     assert len(attentions) == LAYERS and all(type(a) is VARIANTS[variant] for a in attentions)
-    if kind == "translation":  # only the decoder self-attention changes
-        assert all(type(layer.self_attn) is MultiheadAttention for layer in model.encoder.layers)
-        assert all(type(layer.encoder_attn) is MultiheadAttention for layer in model.decoder.layers)
+    if kind == "translation":  # only the decoder self-attention changes (sparse_topk: also the encoder and the
+        # cross-attention, Zhao et al.'s code's default; same parameters, tested in test_sparse_topk_cli.py)
+        others = [layer.self_attn for layer in model.encoder.layers] + [layer.encoder_attn for layer in model.decoder.layers]
+        kinds = {type(a) for a in others}
+        assert kinds == ({SparseTopKAttention} if variant == "sparse_topk" else {MultiheadAttention})
 
 
 @pytest.mark.parametrize("base, bet, task", [

@@ -1,0 +1,242 @@
+"""``bet-reproduce``: the seeded, resumable reproduction study (Transformer, + DiagFreeMask, BET(SF),
+BET(SG) on Multi30k De-En and WikiText-2, several seeds each) and its report.
+
+    bet-reproduce --scale smoke --data-dir DATA          # seconds to minutes: the machinery, not results
+    bet-reproduce --data-dir DATA --jobs 2               # the cpu scale (default): ~3 hours on 2 cores
+    bet-reproduce --scale paper                          # prints the plan and its GPU-hours; --run runs it
+    bet-reproduce --dry-run                              # the plan, the expected time and the commands
+
+Runs already finished in --work-dir are never redone; an interrupted run resumes from its
+checkpoint_last.pt. Ctrl-C leaves every file consistent: run the same command again to go on.
+The report (REPORT.md, results.json, PNGs) is written to --out after the runs, from every finished run.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+from ..files import atomic_write
+from . import plan as P
+
+
+def _hms(seconds):
+    seconds = int(round(max(0, seconds)))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _csv(text):
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="bet-reproduce", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", default="cpu", help="smoke | cpu (default) | paper")
+    p.add_argument("--out", help="report folder (default: docs/results for cpu, docs/results/paper for paper, "
+                                 "WORK_DIR/report for smoke)")
+    p.add_argument("--work-dir", help="data, checkpoints and logs (default: work-dirs/reproduce/SCALE)")
+    p.add_argument("--data-dir", help="a folder holding multi30k/ and wikitext-2/ (default: download the public "
+                                      "releases into the work folder)")
+    p.add_argument("--jobs", type=int, help="runs at a time, one CPU thread each (default: 2 at the cpu scale "
+                                            "on a machine with 2 or more cores, else 1)")
+    p.add_argument("--only", type=_csv, help="only these rows, comma-separated: " + ", ".join(P.STUDY))
+    p.add_argument("--dataset", type=_csv, help="only these datasets, comma-separated: " + ", ".join(P.DATASETS))
+    p.add_argument("--max-seeds", type=int, help="at most this many seeds per row")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, its expected time and the commands")
+    p.add_argument("--run", action="store_true", help="with --scale paper: run it (otherwise only the plan)")
+    p.add_argument("--in-process", action="store_true",
+                   help="call fairseq's command-line entry points inside this process (no start-up cost per run; "
+                        "one job)")
+    p.add_argument("--report-only", action="store_true", help="write the report from the finished runs only")
+    p.add_argument("--no-plots", action="store_true", help="no PNG figures (matplotlib absent)")
+    return p
+
+
+def check_options(args):
+    if args.jobs is None:
+        args.jobs = min(2, os.cpu_count() or 1) if args.scale == "cpu" and not args.in_process else 1
+    if args.scale not in P.SCALES:
+        raise ValueError(f"--scale {args.scale!r}: one of {', '.join(P.SCALES)}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.in_process and args.jobs > 1:
+        raise ValueError("--in-process runs one job at a time: drop --jobs or --in-process")
+    if args.data_dir and not os.path.isdir(args.data_dir):
+        raise ValueError(f"--data-dir {args.data_dir} is not a folder")
+    if args.run and args.scale != "paper":
+        raise ValueError("--run goes with --scale paper (the other scales run without it)")
+
+
+def describe(args, runs, work):
+    from . import runs as U
+
+    sc = P.SCALE_TABLE[args.scale]
+    done = [r for r in runs if U.done(work, r)]
+    left = [r for r in runs if not U.done(work, r)]
+    datasets = sorted({r.dataset for r in runs}, key=list(P.DATASETS).index)
+    print(f"bet-reproduce --scale {args.scale}: {sc.description}")
+    for d in datasets:
+        per_row = ", ".join(f"{row} x{sum(1 for r in runs if r.dataset == d and r.row == row)}" for row in P.STUDY
+                            if any(r.dataset == d and r.row == row for r in runs))
+        print(f"  {P.DATASETS[d].label}: {per_row}; ~{sc.seconds_per_run[d] / 60:.0f} min a run"
+              f" ({'one GPU' if sc.device == 'gpu' else 'one CPU thread'})")
+    total = P.expected_seconds(args.scale, runs, args.jobs)
+    rest = P.expected_seconds(args.scale, left, args.jobs, prepare=bool(left))
+    unit = "GPU-hours" if sc.device == "gpu" else "hours"
+    print(f"  {len(runs)} runs, {len(done)} finished; expected {total / 3600:.1f} {unit} in all with --jobs "
+          f"{args.jobs}, ~{rest / 3600:.1f} left")
+    for note in sc.notes:
+        print(f"  {note}")
+    return left
+
+
+def _prepare_data(args, runs, work):
+    from . import data
+
+    sc = P.SCALE_TABLE[args.scale]
+    record_path = os.path.join(work, "prepare.json")
+    record = {}
+    if os.path.exists(record_path):
+        with open(record_path, encoding="utf-8") as f:
+            record = json.load(f)
+    bins = {}
+    for d in sorted({r.dataset for r in runs}, key=list(P.DATASETS).index):
+        hints = any(r.row == "bet_sg" for r in runs if r.dataset == d)
+        start = time.time()
+        print(f"[data] {P.DATASETS[d].label}: preparing in {work}", flush=True)
+        bins[d] = data.prepare(d, work, args.data_dir, sc.data[d], hints=hints)
+        took = time.time() - start
+        record[d] = round(record.get(d, 0.0) + took, 1)
+        print(f"[data] {P.DATASETS[d].label}: {bins[d]} ({took:.0f} s)", flush=True)
+    os.makedirs(work, exist_ok=True)
+    with atomic_write(record_path) as f:
+        json.dump(record, f, indent=1)
+    return bins, sum(record.values())
+
+
+def execute(args, runs, work, bins):
+    """Run what is left, ``args.jobs`` at a time, one progress line per run. Returns the failures."""
+    from . import runs as U
+
+    sc = P.SCALE_TABLE[args.scale]
+    if args.jobs > 1 or not args.in_process:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    total, lock = len(runs), threading.Lock()
+    left = list(runs)
+    state = {"k": 0, "measured": 0.0, "estimated": 0.0}
+    failures = []
+    start = time.time()
+
+    def report(run, record, skipped, error=None):
+        with lock:
+            state["k"] += 1
+            left.remove(run)
+            if error is None and not skipped:
+                state["measured"] += U.run_seconds(record)
+                state["estimated"] += sc.seconds_per_run[run.dataset]
+            factor = state["measured"] / state["estimated"] if state["estimated"] else 1.0
+            eta = sum(sc.seconds_per_run[r.dataset] for r in left) * factor / args.jobs
+            if error is not None:
+                what = f"FAILED: {error}"
+            else:
+                metric = "BLEU" if record["metric"] == "bleu" else "ppl"
+                how = "already done" if skipped else f"{U.run_seconds(record):.0f} s"
+                what = f"{metric} {record['value']:.2f} ({how})"
+            print(f"[{state['k']}/{total}] {run.name}: {what} | elapsed {_hms(time.time() - start)} | "
+                  f"left ~{_hms(eta)}", flush=True)
+
+    def one(run):
+        if state.get("stopping"):
+            return
+        try:
+            record, skipped = U.execute(run, args.scale, work, bins[run.dataset], in_process=args.in_process)
+        except U.RunFailed as exc:
+            if state.get("stopping"):
+                return
+            failures.append(str(exc))
+            report(run, None, False, exc)
+            return
+        report(run, record, skipped)
+
+    if args.jobs == 1:
+        for run in runs:
+            one(run)
+        return failures
+    pool = ThreadPoolExecutor(max_workers=args.jobs)
+    try:
+        pending = {pool.submit(one, run) for run in runs}
+        while pending:
+            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                fut.result()
+    except BaseException:
+        state["stopping"] = True
+        U.stop_all()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return failures
+
+
+def default_out(scale, work):
+    return {"cpu": os.path.join("docs", "results"), "paper": os.path.join("docs", "results", "paper")}.get(
+        scale, os.path.join(work, "report"))
+
+
+def main(argv=None):
+    started = time.time()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_options(args)
+        runs = P.plan(args.scale, args.only, args.dataset, args.max_seeds)
+    except ValueError as exc:
+        parser.error(str(exc))
+    work = os.path.abspath(args.work_dir or os.path.join("work-dirs", "reproduce", args.scale))
+    out = os.path.abspath(args.out or default_out(args.scale, work))
+    left = describe(args, runs, work)
+    if args.dry_run or (args.scale == "paper" and not args.run and not args.report_only):
+        from . import runs as U
+
+        for run in runs[:len(P.DATASETS) * len(P.STUDY)]:
+            train, ev = U.commands(run, args.scale, f"<{run.dataset} data-bin>", U.run_dir(work, run),
+                                   cpu=P.SCALE_TABLE[args.scale].device == "cpu")
+            print(f"# {run.name}\n{shlex.join(train)}\n{shlex.join(ev)}")
+        if args.scale == "paper" and not args.run:
+            print("not running: --scale paper runs only with --run (on a GPU machine)")
+        return 0
+    from . import report
+    from . import runs as U
+
+    command = "bet-reproduce " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    failures = []
+    prepare_s = 0.0
+    try:
+        if left and not args.report_only:
+            bins, prepare_s = _prepare_data(args, runs, work)
+            failures = execute(args, runs, work, bins)
+        elif os.path.exists(os.path.join(work, "prepare.json")):
+            with open(os.path.join(work, "prepare.json"), encoding="utf-8") as f:
+                prepare_s = sum(json.load(f).values())
+    except KeyboardInterrupt:
+        print("\nbet-reproduce: interrupted. Finished runs are kept and an unfinished one resumes from its "
+              "checkpoint_last.pt: run the same command again.", file=sys.stderr, flush=True)
+        return 130
+    records = [rec for rec in (U.load(work, r) for r in runs) if rec is not None]
+    missing = [r.name for r in runs if not U.done(work, r)]
+    path = report.write(out, args.scale, records, work, command, prepare_s, time.time() - started, missing,
+                        plots=not args.no_plots)
+    print(f"report: {path} ({len(records)} of {len(runs)} runs)", flush=True)
+    if failures:
+        print("bet-reproduce: failed runs:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

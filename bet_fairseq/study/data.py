@@ -1,0 +1,130 @@
+"""Data of the study, prepared once in the work folder with the project's own steps (each skipped
+when it already finished with the same inputs and settings, ``preprocess.common.Steps``):
+
+* Multi30k De-En: ``run/demo_side_by_side.py``'s functions (Moses, lowercased; joint BPE with
+  subword-nmt; fairseq-preprocess with a joined dictionary);
+* WikiText-2: ``bet-prepare-wikitext`` (fairseq-preprocess --only-source);
+* BET(SG)'s syntax hints: ``bet-syntax-hints`` on the English side / the LM text, into the same folder.
+
+``--data-dir`` is a folder laid out like ``multi30k/`` (``raw/{train,val,test_2016_flickr}.{de,en}``)
+and ``wikitext-2/`` (``{train,valid,test}.txt`` or ``wiki.*.tokens``); without it the public releases
+are downloaded (Multi30k: github multi30k/dataset data/task1/raw; WikiText-2: the v1 release zip).
+"""
+
+import importlib.util
+import os
+import sys
+
+from ..files import atomic_write
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class DataError(SystemExit):
+    def __init__(self, message):
+        super().__init__(f"bet-reproduce: error: {message}")
+        self.message = message
+
+
+def demo_module():
+    """run/demo_side_by_side.py of this checkout (its Multi30k preparation is reused as is)."""
+    path = os.path.join(ROOT, "run", "demo_side_by_side.py")
+    if not os.path.isfile(path):
+        raise DataError(f"{path} not found: bet-reproduce prepares Multi30k with the demo's functions of a source "
+                        "checkout (pip install -e .)")
+    spec = importlib.util.spec_from_file_location("bet_demo_side_by_side", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _head(src, dst, n):
+    with open(src, encoding="utf-8") as f, atomic_write(dst) as g:
+        for i, line in enumerate(f):
+            if i >= n:
+                break
+            g.write(line)
+
+
+def prepare_multi30k(work, data_dir, sizes, hints=True):
+    """Binarised Multi30k De-En under ``work/multi30k/data-bin`` (+ BET(SG) hints); returns that folder.
+    ``sizes``: ``max_train``/``max_eval`` (0: all) and ``bpe_merges``."""
+    from preprocess import common
+
+    demo = demo_module()
+    out = os.path.join(work, "multi30k")
+    if data_dir:
+        raw = os.path.join(data_dir, "multi30k")
+        if not os.path.isdir(raw):
+            raise DataError(f"--data-dir {data_dir} has no multi30k/ folder")
+    else:
+        raw = demo.download(os.path.join(out, "raw"))
+    steps = common.Steps(out)
+    tok, bpe, bin_dir = (os.path.join(out, d) for d in ("tok", "bpe", "data-bin"))
+    demo.tokenise(steps, raw, tok, sizes["max_train"], sizes["max_eval"])
+    demo.learn_and_apply_bpe(steps, tok, bpe, sizes["bpe_merges"])
+    demo.binarise(steps, bpe, bin_dir)
+    if hints:
+        texts = [os.path.join(bpe, f"{s}.en") for s in ("train", "valid")]
+        outputs = [os.path.join(bin_dir, f"{s}.hints.en.bin") for s in ("train", "valid")]
+        steps.run("syntax-hints", texts, outputs, lambda: _hints(bin_dir, os.path.join(bpe, "train"),
+                                                                 os.path.join(bpe, "valid"), "en"))
+    return bin_dir
+
+
+def prepare_wikitext2(work, data_dir, sizes, hints=True):
+    """Binarised WikiText-2 under ``work/wikitext2/bin`` (+ hints); ``sizes``: ``max_train``/``max_eval``
+    lines (0: the whole release, its line counts checked)."""
+    from preprocess import common, prepare_wikitext
+
+    out = os.path.join(work, "wikitext2")
+    if data_dir:
+        raw = os.path.join(data_dir, "wikitext-2")
+        if not os.path.isdir(raw):
+            raise DataError(f"--data-dir {data_dir} has no wikitext-2/ folder")
+    else:
+        release = prepare_wikitext.RELEASES["wikitext-2"]["url"]
+        raw = os.path.join(out, "raw")
+        archive = common.download(release, os.path.join(raw, os.path.basename(release)))
+        common.extract(archive, raw)
+    files = {s: prepare_wikitext.locate([raw], s) for s in prepare_wikitext.SPLITS}
+    missing = [s for s, f in files.items() if f is None]
+    if missing:
+        raise DataError(f"{raw} holds no {missing[0]}.txt / wiki.{missing[0]}.tokens")
+    argv = ["--out-dir", out]
+    if sizes["max_train"] or sizes["max_eval"]:
+        sliced = os.path.join(out, "slice")
+        steps = common.Steps(out)
+        for split, path in files.items():
+            n = sizes["max_train"] if split == "train" else sizes["max_eval"]
+            dst = os.path.join(sliced, f"{split}.txt")
+            steps.run(f"slice-{split}", [path], [dst], lambda p=path, d=dst, n=n: _head(p, d, n), {"lines": n})
+        raw = sliced
+        argv.append("--no-size-check")
+    prepare_wikitext.main(["--raw-dir", raw, *argv])
+    bin_dir = os.path.join(out, "bin")
+    if hints:
+        files = {s: prepare_wikitext.locate([raw], s) for s in ("train", "valid")}
+        outputs = [os.path.join(bin_dir, f"{s}.hints.bin") for s in ("train", "valid")]
+        common.Steps(out).run("syntax-hints", list(files.values()), outputs,
+                              lambda: _hints(bin_dir, files["train"], files["valid"], None))
+    return bin_dir
+
+
+def _hints(bin_dir, trainpref, validpref, lang):
+    from preprocess import syntax_hints
+
+    argv = ["--trainpref", trainpref, "--validpref", validpref, "--destdir", bin_dir, "--no-progress"]
+    if lang:
+        argv += ["--lang", lang]
+    rc = syntax_hints.main(argv)
+    if rc:
+        raise DataError(f"bet-syntax-hints {' '.join(argv)} failed (exit {rc})")
+
+
+PREPARE = {"multi30k": prepare_multi30k, "wikitext2": prepare_wikitext2}
+
+
+def prepare(dataset, work, data_dir, sizes, hints=True):
+    sys.stdout.flush()
+    return PREPARE[dataset](work, data_dir, sizes, hints)

@@ -1,0 +1,97 @@
+"""BET(SF)'s CPU training kernel (both passes on one Q K^T per query range, recomputed in the backward)
+against the equations computed densely in float64: outputs and gradients, several query ranges, right
+padding, the DiagFreeMask options; and that it is the path taken."""
+
+import pytest
+import torch
+
+import bet_fairseq.core.functional as functional
+from bet_fairseq.core.functional import bet_sf_fused, query_chunks
+from bet_fairseq.core.masks import causal_allowed
+
+B, H, D = 2, 2, 4
+
+
+def dense_bet_sf(q, k, v, w, allowed, keep_diagonal):
+    """The paper's equations, float64, H = A V formed in full, R from [H ; K] per head."""
+    q, k, v, w = (t.double() for t in (q, k, v, w))
+    scores = q @ k.transpose(-1, -2)
+    first = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+    h = first @ v
+    w = w.expand(H, -1)
+    r = torch.sigmoid(torch.einsum("bhtd,hd->bht", torch.cat([h, k], -1), w))
+    final = allowed.clone().expand(q.size(0), 1, -1, -1).clone()
+    if not keep_diagonal:
+        tgt = q.size(2)
+        for i in range(tgt):
+            if final[:, :, i, :i].any():  # every row here has history except row 0
+                final[:, :, i, i] = False
+    return torch.softmax((scores * r[:, :, None, :]).masked_fill(~final, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("tgt", [7, 300])
+@pytest.mark.parametrize("keep_diagonal, shared_w, right_pad", [(False, False, False), (True, False, True),
+                                                               (False, True, True)])
+def test_kernel_matches_the_equations(monkeypatch, tgt, keep_diagonal, shared_w, right_pad):
+    torch.manual_seed(tgt)
+    q, k, v = (torch.randn(B, H, tgt, D, requires_grad=True) for _ in range(3))
+    w = torch.randn(1 if shared_w else H, 2 * D, requires_grad=True)
+    allowed = causal_allowed(tgt, tgt)
+    if right_pad:  # sentence 1 ends 3 tokens early: its padded keys are masked, no row is left without keys
+        pad = torch.zeros(B, tgt, dtype=torch.bool)
+        pad[1, -3:] = True
+        allowed = allowed & ~pad.view(B, 1, 1, tgt)
+    calls = []
+    kernel = functional._BetSFCausal.apply
+    monkeypatch.setattr(functional._BetSFCausal, "apply", lambda *a: calls.append(a[-1]) or kernel(*a))
+    got = bet_sf_fused(q, k, v, w, allowed, keep_diagonal)
+    assert len(calls) == 1 and calls[0] == query_chunks(allowed, tgt, tgt)
+    assert len(calls[0]) == (2 if tgt == 300 else 1)
+    want = dense_bet_sf(q, k, v, w, allowed, keep_diagonal)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    grad_out = torch.randn_like(want)
+    grads_got = torch.autograd.grad((got.double() * grad_out).sum(), (q, k, v, w))
+    grads_want = torch.autograd.grad((want * grad_out).sum(), (q, k, v, w))
+    for name, g, g_want in zip("qkvw", grads_got, grads_want):
+        torch.testing.assert_close(g.double(), g_want.double(), atol=1e-5, rtol=1e-4, msg=lambda m: f"gradient of {name}: {m}")
+
+
+def test_query_ranges_only_for_causal_masks():
+    tgt = 512
+    assert query_chunks(causal_allowed(tgt, tgt), tgt, tgt) == [(0, 128), (128, 256), (256, 384), (384, 512)]
+    everything = torch.ones(1, 1, tgt, tgt, dtype=torch.bool)  # a query may see a later key: one range
+    assert query_chunks(everything, tgt, tgt) == [(0, tgt)]
+    assert query_chunks(None, tgt, tgt) == [(0, tgt)]
+
+
+@pytest.mark.parametrize("keep_diagonal", [False, True])
+def test_mask_free_causal_sdpa_form_matches_the_equations(keep_diagonal):
+    """The GPU form (no mask tensor: is_causal, DiagFreeMask as the causal mask shifted by one key), run on CPU."""
+    torch.manual_seed(3)
+    tgt = 9
+    q, k, v = (torch.randn(B, H, tgt, D, requires_grad=True) for _ in range(3))
+    w = torch.randn(H, 2 * D, requires_grad=True)
+    got = functional.bet_sf_causal_sdpa(q, k, v, w, keep_diagonal)
+    want = dense_bet_sf(q, k, v, w, causal_allowed(tgt, tgt), keep_diagonal)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    grads_got = torch.autograd.grad(got.square().sum(), (q, k, v, w))
+    grads_want = torch.autograd.grad(want.square().sum(), (q, k, v, w))
+    for g, g_want in zip(grads_got, grads_want):
+        torch.testing.assert_close(g.double(), g_want.double(), atol=1e-5, rtol=1e-4)
+
+
+def test_first_pass_by_query_ranges_matches_the_equations():
+    """The CPU first pass of the other paths (bfloat16, attention dropout): A (V w_h) and its gradients, 3 ranges."""
+    torch.manual_seed(4)
+    tgt = 400
+    q, k, vw = torch.randn(B, H, tgt, D, requires_grad=True), torch.randn(B, H, tgt, D, requires_grad=True), \
+        torch.randn(B, H, tgt, 1, requires_grad=True)
+    allowed = causal_allowed(tgt, tgt)
+    assert len(query_chunks(allowed, tgt, tgt)) == 3
+    got = functional.first_pass_value_scores(q, k, vw, allowed, use_sdpa=False)
+    scores = (q.double() @ k.double().transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+    want = torch.softmax(scores, -1) @ vw.double()
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
+    for g, g_want in zip(torch.autograd.grad(got.square().sum(), (q, k, vw)),
+                         torch.autograd.grad(want.square().sum(), (q, k, vw))):
+        torch.testing.assert_close(g.double(), g_want.double(), atol=1e-5, rtol=1e-4)
