@@ -270,13 +270,18 @@ def measure_memory(args, arch):
         cmd += ["--data", args.data]
     if args.max_tokens:
         cmd += ["--max-tokens", str(args.max_tokens)]
+    return run_memory_child(cmd, args, arch)
+
+
+def run_memory_child(cmd, args, name):
+    """Run a ``--memory-child`` command (in a fresh process, so peaks don't mix) and return its MEMORY_JSON."""
     if args.threads:
-        cmd += ["--threads", str(args.threads)]
+        cmd = [*cmd, "--threads", str(args.threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=MEMORY_ENV)
     for line in proc.stdout.splitlines():
         if line.startswith("MEMORY_JSON "):
             return json.loads(line[len("MEMORY_JSON "):])
-    raise RuntimeError(f"memory measurement of {arch} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    raise RuntimeError(f"memory measurement of {name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
 
 
 def resolve_data(args):
@@ -477,13 +482,7 @@ def measure_lm_memory(args, row, block):
     cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", row, "--size", args.size, "--device",
            args.device, "--block", str(block), "--max-tokens", str(args.max_tokens), "--train-batches",
            str(args.train_batches)]
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=MEMORY_ENV)
-    for line in proc.stdout.splitlines():
-        if line.startswith("MEMORY_JSON "):
-            return json.loads(line[len("MEMORY_JSON "):])
-    raise RuntimeError(f"memory measurement of {row} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return run_memory_child(cmd, args, row)
 
 
 def run_lm(args):
