@@ -93,22 +93,22 @@ SCALE_TABLE: Dict[str, Scale] = {
               "wikitext2": {"max_train": 0, "max_eval": 0, "bpe_merges": 0}},
         # 3+3 layers of 128 (MT), 3 layers of 128 (LM, post-norm, blocks of 512 as the paper's); timed on
         # this project's 2-core machine: ~0.7 s (MT, 2048 tokens) and ~1.5 s (LM, 2048 tokens: the 33k-word
-        # output layer) of CPU time an update, so ~900 MT updates (~4 epochs of Multi30k) and ~360 LM updates
-        # (~0.35 epoch of WikiText-2) fit ~13 minutes a run with evaluation; --max-valid-steps keeps the LM's
-        # validation points cheap.
+        # output layer) of CPU time an update, so ~750 MT updates (~3.5 epochs of Multi30k) and ~300 LM updates
+        # (~0.3 epoch of WikiText-2) fit ~11 minutes a run with evaluation, 24 runs ~2 h 10 min with --jobs 2;
+        # --max-valid-steps keeps the LM's validation points cheap.
         train={"multi30k": merge(mt_sizes(3, 128, 512, 4), recipes.NO_VALID_BLEU, _CPU_COMMON, {
                    "--max-tokens": 2048, "--lr": 2e-3, "--warmup-updates": 300, "--dropout": 0.1,
-                   "--weight-decay": None, "--max-update": 900,
+                   "--weight-decay": None, "--max-update": 750,
                    "--log-interval": 25, "--validate-interval-updates": 150, "--save-interval-updates": 150}),
                "wikitext2": merge(lm_sizes(3, 128, 512, 4), _CPU_COMMON, {
                    "--tokens-per-sample": 512, "--batch-size": None, "--max-tokens": 2048, "--lr": 2e-3,
-                   "--warmup-updates": 100, "--dropout": 0.1, "--max-update": 360, "--patience": None,
-                   "--max-valid-steps": 25, "--log-interval": 20, "--validate-interval-updates": 90,
-                   "--save-interval-updates": 90})},
+                   "--warmup-updates": 100, "--dropout": 0.1, "--max-update": 300, "--patience": None,
+                   "--max-valid-steps": 25, "--log-interval": 20, "--validate-interval-updates": 75,
+                   "--save-interval-updates": 75})},
         eval={"multi30k": {"--cpu": True, "--max-len-a": 1.2, "--max-len-b": 10, "--num-workers": 0},
               "wikitext2": {"--cpu": True, "--tokens-per-sample": 512, "--context-window": 256, "--batch-size": 4,
                             "--num-workers": 0}},
-        seconds_per_run={"multi30k": 770.0, "wikitext2": 770.0},
+        seconds_per_run={"multi30k": 620.0, "wikitext2": 660.0},
         # measured: Moses + BPE + binarising ~30 s each; bet-syntax-hints (spaCy, one process) 200 s on
         # Multi30k's English side, 1,300 s on WikiText-2's 2M tokens
         seconds_prepare={"multi30k": 250.0, "wikitext2": 1350.0},
