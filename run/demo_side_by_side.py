@@ -3,7 +3,7 @@
 
 A few minutes on a laptop CPU. The two models share data, sizes, seed and schedule; only the
 decoder self-attention differs (``--arch bet_sf_iwslt`` vs fairseq's ``transformer_iwslt_de_en``,
-both shrunk to the same tiny sizes). Data preparation is preprocess/common.py's (Moses, joint BPE,
+both shrunk to the same tiny sizes). Data preparation is preprocess/prepare_multi30k.py's (Moses, joint BPE,
 fairseq-preprocess); training and scoring run fairseq-train and fairseq-generate.
 
   python run/demo_side_by_side.py                       # downloads Multi30k (needs a network)
@@ -28,11 +28,8 @@ sys.path.insert(0, ROOT)
 
 from bet_fairseq import recipes  # noqa: E402
 from bet_fairseq.files import atomic_write  # noqa: E402
-from preprocess import common  # noqa: E402
+from preprocess import prepare_multi30k  # noqa: E402
 
-MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{name}.{lang}.gz"
-SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
-LANGS = ("de", "en")
 USER_DIR = os.path.join(ROOT, "bet_fairseq")
 
 
@@ -42,69 +39,6 @@ def log(msg):
 
 def fail(msg):
     sys.exit(f"demo_side_by_side: error: {msg}")
-
-
-def find_raw(data_dir, name, lang):
-    for folder in (data_dir, os.path.join(data_dir, "raw")):
-        for suffix in ("", ".gz"):
-            path = os.path.join(folder, f"{name}.{lang}{suffix}")
-            if os.path.isfile(path):
-                return path
-    return None
-
-
-def download(raw_dir):
-    for name in SPLITS.values():
-        for lang in LANGS:
-            url = MULTI30K_URL.format(name=name, lang=lang)
-            try:
-                common.download(url, os.path.join(raw_dir, f"{name}.{lang}.gz"),
-                                offline_hint="pass --data-dir with a local copy of multi30k/dataset data/task1/raw")
-            except common.PrepareError as e:
-                fail(e.message)
-    return raw_dir
-
-
-def tokenise(steps, data_dir, tok_dir, max_train, max_eval=0):
-    """Moses tokenisation of lowercased text (escaping off); train / valid and test capped when asked."""
-    for split, name in SPLITS.items():
-        paths = {lang: find_raw(data_dir, name, lang) for lang in LANGS}
-        for lang, path in paths.items():
-            if path is None:
-                fail(f"missing {name}.{lang} (or {name}.{lang}.gz) in {data_dir}")
-        outs = {lang: os.path.join(tok_dir, f"{split}.{lang}") for lang in LANGS}
-        cap = max_train if split == "train" else max_eval
-
-        def tokenise_split(paths=paths, outs=outs, cap=cap):
-            common.check_parallel(paths["de"], paths["en"])
-            for lang in LANGS:
-                lines = list(common.read_lines(paths[lang], require_final_newline=False, quiet=True))
-                for i, line in enumerate(lines, 1):
-                    if not line.strip():
-                        fail(f"{paths[lang]} line {i} is empty (a misaligned or truncated file?)")
-                kept = lines[:cap] if cap else lines
-                common.moses_tokenize((x.lower() for x in kept), lang, outs[lang], escape=False)
-
-        steps.run(f"tokenise-{split}", list(paths.values()), list(outs.values()), tokenise_split, {"max_lines": cap})
-
-
-def learn_and_apply_bpe(steps, tok_dir, bpe_dir, merges):
-    """Joint BPE (subword-nmt) learnt on train.de + train.en, applied to every split."""
-    codes = os.path.join(bpe_dir, "codes")
-    train = [os.path.join(tok_dir, f"train.{lang}") for lang in LANGS]
-    steps.run("bpe-codes", train, [codes], lambda: common.learn_joint_bpe(train, codes, merges), {"merges": merges})
-    for split in SPLITS:
-        pairs = [(os.path.join(tok_dir, f"{split}.{lang}"), os.path.join(bpe_dir, f"{split}.{lang}")) for lang in LANGS]
-        steps.run(f"bpe-{split}", [codes] + [src for src, _ in pairs], [dst for _, dst in pairs],
-                  lambda pairs=pairs: [common.apply_bpe(codes, src, dst) for src, dst in pairs])
-
-
-def binarise(steps, bpe_dir, bin_dir):
-    prefixes = {split: os.path.join(bpe_dir, split) for split in SPLITS}
-    texts = [f"{prefix}.{lang}" for prefix in prefixes.values() for lang in LANGS]
-    steps.run("binarise", texts, [os.path.join(bin_dir, "test.de-en.en.idx")],
-              lambda: common.binarise(bin_dir, prefixes, min(4, os.cpu_count() or 1), "de", "en", joined=True),
-              {"bin_dir": bin_dir})
 
 
 def run(cmd, log_path=None):
@@ -183,15 +117,9 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     started = time.time()
-    data_dir = args.data_dir or download(os.path.join(args.work_dir, "raw"))
-    if not os.path.isdir(data_dir):
-        fail(f"--data-dir {data_dir} is not a folder")
-    steps = common.Steps(args.work_dir)  # skips a step whose inputs and settings are unchanged
-    tok_dir, bpe_dir = os.path.join(args.work_dir, "tok"), os.path.join(args.work_dir, "bpe")
-    tokenise(steps, data_dir, tok_dir, args.max_train, args.max_eval)
-    learn_and_apply_bpe(steps, tok_dir, bpe_dir, args.bpe_merges)
-    bin_dir = os.path.join(args.work_dir, "data-bin")
-    binarise(steps, bpe_dir, bin_dir)
+    # each data step is skipped when its inputs and settings are unchanged
+    _, bin_dir = prepare_multi30k.prepare(args.work_dir, args.data_dir, args.max_train, args.max_eval,
+                                          args.bpe_merges)
     results = [train_and_score(args, bin_dir, name, arch) for name, arch in recipes.SIDE_BY_SIDE]
     total = time.time() - started
 

@@ -1,8 +1,8 @@
 """Data of the study, prepared once in the work folder with the project's own steps (each skipped
 when it already finished with the same inputs and settings, ``preprocess.common.Steps``):
 
-* Multi30k De-En: ``run/demo_side_by_side.py``'s functions (Moses, lowercased; joint BPE with
-  subword-nmt; fairseq-preprocess with a joined dictionary);
+* Multi30k De-En: ``preprocess/prepare_multi30k.py``, as the side-by-side demo (Moses, lowercased; joint
+  BPE with subword-nmt; fairseq-preprocess with a joined dictionary);
 * WikiText-2: ``bet-prepare-wikitext`` (fairseq-preprocess --only-source);
 * BET(SG)'s syntax hints: ``bet-syntax-hints`` on the English side / the LM text, into the same folder.
 
@@ -11,31 +11,16 @@ and ``wikitext-2/`` (``{train,valid,test}.txt`` or ``wiki.*.tokens``); without i
 are downloaded (Multi30k: github multi30k/dataset data/task1/raw; WikiText-2: the v1 release zip).
 """
 
-import importlib.util
 import os
 import sys
 
 from ..files import atomic_write
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class DataError(SystemExit):
     def __init__(self, message):
         super().__init__(f"bet-reproduce: error: {message}")
         self.message = message
-
-
-def demo_module():
-    """run/demo_side_by_side.py of this checkout (its Multi30k preparation is reused as is)."""
-    path = os.path.join(ROOT, "run", "demo_side_by_side.py")
-    if not os.path.isfile(path):
-        raise DataError(f"{path} not found: bet-reproduce prepares Multi30k with the demo's functions of a source "
-                        "checkout (pip install -e .)")
-    spec = importlib.util.spec_from_file_location("bet_demo_side_by_side", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _head(src, dst, n):
@@ -49,21 +34,16 @@ def _head(src, dst, n):
 def prepare_multi30k(work, data_dir, sizes, hints=True):
     """Binarised Multi30k De-En under ``work/multi30k/data-bin`` (+ BET(SG) hints); returns that folder.
     ``sizes``: ``max_train``/``max_eval`` (0: all) and ``bpe_merges``."""
-    from preprocess import common
+    from preprocess import common, prepare_multi30k
 
-    demo = demo_module()
     out = os.path.join(work, "multi30k")
+    raw = None
     if data_dir:
         raw = os.path.join(data_dir, "multi30k")
         if not os.path.isdir(raw):
             raise DataError(f"--data-dir {data_dir} has no multi30k/ folder")
-    else:
-        raw = demo.download(os.path.join(out, "raw"))
+    bpe, bin_dir = prepare_multi30k.prepare(out, raw, sizes["max_train"], sizes["max_eval"], sizes["bpe_merges"])
     steps = common.Steps(out)
-    tok, bpe, bin_dir = (os.path.join(out, d) for d in ("tok", "bpe", "data-bin"))
-    demo.tokenise(steps, raw, tok, sizes["max_train"], sizes["max_eval"])
-    demo.learn_and_apply_bpe(steps, tok, bpe, sizes["bpe_merges"])
-    demo.binarise(steps, bpe, bin_dir)
     if hints:
         texts = [os.path.join(bpe, f"{s}.en") for s in ("train", "valid")]
         outputs = [os.path.join(bin_dir, f"{s}.hints.en.bin") for s in ("train", "valid")]
