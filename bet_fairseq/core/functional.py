@@ -163,6 +163,23 @@ class _FirstPassValueScores(torch.autograd.Function):
         return dq, dk, dvw.to(vw.dtype), None, None
 
 
+def masked_column_starts(blocked1: Tensor, blocked2: Tensor, bounds):
+    """``(s, e, c1, c2)`` per query range ``[s, e)``: the first key column with a masked entry in rows
+    ``s .. e-1`` of ``blocked1`` / ``blocked2`` (``e`` if none), so that ``_BetSFCausal`` masks only the
+    columns from there (under a causal mask the diagonal block). None unless every key masked in the first
+    pass is masked in the second (``_BetSFCausal`` reuses the first pass's -inf), which DiagFreeMask keeps."""
+    if bool((blocked1 & ~blocked2).any()):
+        return None
+    out = []
+    for s, e in bounds:
+        starts = []
+        for blocked in (blocked1, blocked2):
+            cols = blocked[..., s:e, :e].flatten(0, -2).any(0)
+            starts.append(int(cols.int().argmax()) if bool(cols.any()) else e)
+        out.append((s, e, *starts))
+    return out
+
+
 class _BetSFCausal(torch.autograd.Function):
     """Both BET(SF) passes on one ``D = Q K^T`` per query range (``bounds``), storing no T x S matrix.
 
@@ -180,13 +197,15 @@ class _BetSFCausal(torch.autograd.Function):
         out = torch.empty_like(q)
         hw, r = q.new_empty(q.shape[:-1]), q.new_empty(q.shape[:-1])
         neg = float("-inf")
-        for s, e in bounds:
+        for s, e, c1, c2 in bounds:
             d = torch.matmul(q[:, :, s:e], k[:, :, :e].transpose(-1, -2))
-            a = torch.softmax(d.masked_fill(blocked1[..., s:e, :e], neg), dim=-1)
+            d[..., c1:e].masked_fill_(blocked1[..., s:e, c1:e], neg)
+            a = torch.softmax(d, dim=-1)
             hw[:, :, s:e] = torch.matmul(a, vw[:, :, :e, None]).squeeze(-1)
             del a
             r[:, :, s:e] = torch.sigmoid(hw[:, :, s:e] + kw[:, :, s:e])
-            d.mul_(r[:, :, None, :e]).masked_fill_(blocked2[..., s:e, :e], neg)
+            # the first pass's -inf (times R, maybe 0: NaN) all lie in blocked2, masked again here
+            d.mul_(r[:, :, None, :e])[..., c2:e].masked_fill_(blocked2[..., s:e, c2:e], neg)
             out[:, :, s:e] = torch.matmul(torch.softmax(d, dim=-1), v[:, :, :e])
         ctx.save_for_backward(q, k, v, vw, hw, r, out, blocked1, blocked2)
         ctx.bounds = bounds
@@ -200,9 +219,11 @@ class _BetSFCausal(torch.autograd.Function):
         dvw, dr = torch.zeros_like(vw), torch.zeros_like(vw)
         dz = torch.empty_like(vw)
         delta = (dout * out).sum(-1, keepdim=True)  # rowsum(dA' * A') of the second softmax
-        for s, e in reversed(ctx.bounds):
+        for s, e, c1, c2 in reversed(ctx.bounds):
             d = torch.matmul(q[:, :, s:e], k[:, :, :e].transpose(-1, -2))
-            p2 = torch.softmax((d * r[:, :, None, :e]).masked_fill_(blocked2[..., s:e, :e], neg), dim=-1)
+            p2 = d * r[:, :, None, :e]
+            p2[..., c2:e].masked_fill_(blocked2[..., s:e, c2:e], neg)
+            p2 = torch.softmax(p2, dim=-1)
             dv[:, :, :e] += torch.matmul(p2.transpose(-1, -2), dout[:, :, s:e])
             dd = torch.matmul(dout[:, :, s:e], v[:, :, :e].transpose(-1, -2)).sub_(delta[:, :, s:e]).mul_(p2)
             del p2
@@ -211,7 +232,8 @@ class _BetSFCausal(torch.autograd.Function):
             rc = r[:, :, s:e]
             dz[:, :, s:e] = dr[:, :, s:e] * rc * (1 - rc)  # complete: rows >= s are done
             g = dz[:, :, s:e, None]
-            a = torch.softmax(d.masked_fill_(blocked1[..., s:e, :e], neg), dim=-1)
+            d[..., c1:e].masked_fill_(blocked1[..., s:e, c1:e], neg)
+            a = torch.softmax(d, dim=-1)
             del d
             dvw[:, :, :e] += torch.matmul(a.transpose(-1, -2), g).squeeze(-1)
             outer = torch.baddbmm((-g * hw[:, :, s:e, None]).flatten(0, 1), g.flatten(0, 1),
@@ -265,9 +287,11 @@ def bet_sf_fused(q: Tensor, k: Tensor, v: Tensor, w: Tensor, allowed: Tensor, ke
     final_allowed = second_pass_allowed(allowed, keep_diagonal, q.size(2), k.size(2), q.device)
     if (q.device.type == "cpu" and empty is None and allowed is not None and dropout_p == 0.0
             and q.dtype == torch.float32 and q.size(2) == k.size(2)):
-        bounds = query_chunks(allowed, q.size(2), k.size(2))
-        vw, kw = torch.matmul(v, w_h).squeeze(-1), torch.matmul(k, w_k).squeeze(-1)
-        return _BetSFCausal.apply(q, k, v, vw, kw, ~allowed, ~final_allowed, bounds)
+        blocked1, blocked2 = ~allowed, ~final_allowed
+        bounds = masked_column_starts(blocked1, blocked2, query_chunks(allowed, q.size(2), k.size(2)))
+        if bounds is not None:
+            vw, kw = torch.matmul(v, w_h).squeeze(-1), torch.matmul(k, w_k).squeeze(-1)
+            return _BetSFCausal.apply(q, k, v, vw, kw, blocked1, blocked2, bounds)
     if (q.device.type != "cpu" and allowed is not None and allowed.size(0) == 1 and q.size(2) == k.size(2)
             and torch.equal(allowed, causal_allowed(q.size(2), k.size(2), q.device))):
         return bet_sf_causal_sdpa(q, k, v, w, keep_diagonal, dropout_p)

@@ -45,7 +45,11 @@ def test_kernel_matches_the_equations(monkeypatch, tgt, keep_diagonal, shared_w,
     kernel = functional._BetSFCausal.apply
     monkeypatch.setattr(functional._BetSFCausal, "apply", lambda *a: calls.append(a[-1]) or kernel(*a))
     got = bet_sf_fused(q, k, v, w, allowed, keep_diagonal)
-    assert len(calls) == 1 and calls[0] == query_chunks(allowed, tgt, tgt)
+    assert len(calls) == 1 and [(s, e) for s, e, _, _ in calls[0]] == query_chunks(allowed, tgt, tgt)
+    # first masked key column per range: row s masks key s + 1 on (causal); DiagFreeMask also key s itself,
+    # except row 0's lone diagonal (padding sits in later columns)
+    assert [(c1, c2) for s, _, c1, c2 in calls[0]] == [
+        (s + 1, s + 1 if keep_diagonal or s == 0 else s) for s, _ in query_chunks(allowed, tgt, tgt)]
     assert len(calls[0]) == (2 if tgt == 300 else 1)
     want = dense_bet_sf(q, k, v, w, allowed, keep_diagonal)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
