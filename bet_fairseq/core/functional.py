@@ -106,14 +106,15 @@ def bet_sf_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, allowed: Option
     return out, probs, first, r, vw
 
 
-def query_chunks(allowed: Optional[Tensor], tgt_len: int, src_len: int, chunk: int = 128):
-    """Query row ranges ``[s, e)`` of about ``chunk`` rows (at most 8 ranges): under a causal mask the rows
-    of range ``[s, e)`` see only the first ``S - T + e`` keys, so attending range by range skips most of
+def query_chunks(allowed: Optional[Tensor], tgt_len: int, src_len: int, chunk: int = 64, most: int = 16):
+    """Query row ranges ``[s, e)`` of about ``chunk`` rows (at most ``most`` ranges): under a causal mask the
+    rows of range ``[s, e)`` see only the first ``S - T + e`` keys, so attending range by range skips most of
     the masked upper triangle (about (n + 1) / 2n of the work for n ranges). One range when ``allowed``
-    lets any query see a later key (or is None)."""
+    lets any query see a later key (or is None). 64 rows, at most 16 ranges: the fastest of 128 x 8, 64 x 8,
+    64 x 16 and 32 x 32 for the BET(SF) kernel at T = 128, 512 and 1024 (docs/performance.md)."""
     if allowed is None or bool(allowed.triu(1 + src_len - tgt_len).any()):
         return [(0, tgt_len)]
-    n = max(1, min(8, tgt_len // chunk))
+    n = max(1, min(most, tgt_len // chunk))
     bounds = [round(tgt_len * i / n) for i in range(n + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
 

@@ -35,3 +35,25 @@ def test_bench_gpu_script_runs_on_cpu(tmp_path):
     assert got == {(d, t, m) for d in ("float32", "bfloat16") for t in (32, 64) for m in ("vanilla", "bet_sf")}
     assert all(r["fwd_bwd_ms"] >= r["forward_ms"] > 0 and r["peak_mb"] is None for r in sweep["rows"])
     assert "| bfloat16 | 64 |" in (tmp_path / "attention_sweep.md").read_text()
+
+
+def test_query_range_benchmark_uses_the_configured_ranges(monkeypatch, capsys):
+    """run/bench_query_ranges.py: each ROWSxMOST configuration reaches the kernel as its ranges (64 rows at
+    T = 128: 2 ranges; 128 rows: 1), every row of the table is printed, and the default is restored."""
+    sys.path.insert(0, os.path.join(ROOT, "run"))
+    try:
+        import bench_query_ranges
+    finally:
+        sys.path.pop(0)
+    from bet_fairseq.core import functional
+
+    default = functional.query_chunks
+    seen = []
+    kernel = functional._BetSFCausal.apply
+    monkeypatch.setattr(functional._BetSFCausal, "apply", lambda *a: seen.append(len(a[-1])) or kernel(*a))
+    bench_query_ranges.main(["--lengths", "128", "--configs", "64x2,128x2", "--rounds", "1", "--tokens", "256",
+                             "--heads", "2", "--head-dim", "8", "--threads", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 128 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["vanilla", "64x2", "128x2"]
+    assert seen == [2, 2, 1, 1] * 2  # (warm-up + 1 round) x (64x2: fwd, fwd+bwd; 128x2: fwd, fwd+bwd)
+    assert functional.query_chunks is default
