@@ -95,7 +95,8 @@ def test_the_table_and_its_plan():
             assert got == list(range(1, seeds["cpu"] + 1))
     assert runs[: len(P.DATASETS) * len(P.STUDY)] == [P.Run(d, r, 1) for d in P.DATASETS for r in P.STUDY]
     assert P.plan("smoke", rows=["bet_sf"], datasets=["wikitext2"], max_seeds=1) == [P.Run("wikitext2", "bet_sf", 1)]
-    assert P.expected_seconds("cpu", runs, jobs=2) < 3.2 * 3600  # the cpu scale's budget on 2 cores
+    # the cpu scale's budget on 2 cores: about 3 hours of runs; data preparation (~27 min) is done once
+    assert P.expected_seconds("cpu", runs, jobs=2, prepare=False) < 3.2 * 3600
 
 
 @pytest.mark.parametrize("argv, flag", [
