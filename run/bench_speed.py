@@ -228,6 +228,26 @@ def cpu_peak_rss_kib(mode):
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def training_step_memory(trainer, batches, device):
+    """Peak memory of ``trainer.train_step`` over ``batches`` beyond what was held before (MiB): CUDA's
+    allocator statistics, or on CPU the growth of the resident set's peak."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        for sample in batches:
+            trainer.train_step([sample])
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        return dict(mode="cuda.max_memory_allocated", before_mb=before / 2**20, peak_mb=peak / 2**20,
+                    step_mb=(peak - before) / 2**20)
+    before, mode = cpu_memory_baseline()
+    for sample in batches:
+        trainer.train_step([sample])
+    peak = cpu_peak_rss_kib(mode)
+    return dict(mode=mode, before_mb=before / 1024, peak_mb=peak / 1024, step_mb=(peak - before) / 1024)
+
+
 def memory_child(args):
     """Fresh process, one model: peak memory of training steps beyond what was held before."""
     data_dir, cleanup = resolve_data(args)
@@ -236,23 +256,7 @@ def memory_child(args):
                                    max_tokens=args.max_tokens)
         batches = make_batches(task, args.size, bool(args.data), args.subset,
                                SIZES[args.size]["train_batches"], args.max_tokens or SIZES[args.size]["max_tokens"])
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            for sample in batches:
-                trainer.train_step([sample])
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated()
-            result = dict(mode="cuda.max_memory_allocated", before_mb=before / 2**20,
-                          peak_mb=peak / 2**20, step_mb=(peak - before) / 2**20)
-        else:
-            before, mode = cpu_memory_baseline()
-            for sample in batches:
-                trainer.train_step([sample])
-            peak = cpu_peak_rss_kib(mode)
-            result = dict(mode=mode, before_mb=before / 1024, peak_mb=peak / 1024,
-                          step_mb=(peak - before) / 1024)
+        result = training_step_memory(trainer, batches, args.device)
     print("MEMORY_JSON " + json.dumps(result))
 
 
@@ -459,22 +463,7 @@ def lm_memory_child(args):
                                  args.device, block, args.max_tokens)
         batches = lm_batches(task, block, args.max_tokens, args.train_batches)
         trainer.train_step([batches[0]])  # optimizer state, as in the timed runs
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            for sample in batches:
-                trainer.train_step([sample])
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated()
-            result = dict(mode="cuda.max_memory_allocated", before_mb=before / 2**20, peak_mb=peak / 2**20,
-                          step_mb=(peak - before) / 2**20)
-        else:
-            before, mode = cpu_memory_baseline()
-            for sample in batches:
-                trainer.train_step([sample])
-            peak = cpu_peak_rss_kib(mode)
-            result = dict(mode=mode, before_mb=before / 1024, peak_mb=peak / 1024, step_mb=(peak - before) / 1024)
+        result = training_step_memory(trainer, batches, args.device)
     print("MEMORY_JSON " + json.dumps(result))
 
 
