@@ -3,8 +3,10 @@ Moses tokenisation (sacremoses), joint BPE (subword-nmt) and fairseq binarisatio
 
 Every step writes its outputs under temporary names and renames them when complete
 (``bet_fairseq.files``), then leaves a
-``.done`` marker that records its inputs (path, size, mtime) and settings: a re-run skips a step whose
-marker still matches and redoes it otherwise, so a half-written output never looks finished.
+``.done`` marker that records its inputs (path, size, mtime, SHA-256) and settings: a re-run skips a step
+whose marker still matches and redoes it otherwise, so a half-written output never looks finished. An input
+with a new mtime but the recorded content (a copied or restored data folder, an earlier step redone to the
+same bytes) still matches, so hours of preparation are not redone for a timestamp.
 """
 
 import gzip
@@ -42,12 +44,34 @@ def progress(iterable, desc, total=None, quiet=False):
                 file=sys.stderr, leave=False)
 
 
-def _signature(paths):
+def file_digest(path, algorithm="sha256"):
+    """Hex digest of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _signature(paths, digests=False):
     sig = []
     for p in paths:
         st = os.stat(p)
-        sig.append([os.path.abspath(p), st.st_size, int(st.st_mtime)])
+        sig.append([os.path.abspath(p), st.st_size, int(st.st_mtime)] + ([file_digest(p)] if digests else []))
     return sig
+
+
+def _same_inputs(recorded, paths):
+    """Each input has the recorded path and size, and either the recorded mtime or the recorded digest."""
+    if not isinstance(recorded, list) or len(recorded) != len(paths):
+        return False
+    for entry, now in zip(recorded, _signature(paths)):
+        if not isinstance(entry, list) or len(entry) not in (3, 4) or entry[:2] != now[:2]:
+            return False
+        # a marker written before digests were recorded (3 entries) matches on the mtime only
+        if entry[2] != now[2] and (len(entry) == 3 or entry[3] != file_digest(now[0])):
+            return False
+    return True
 
 
 class Steps:
@@ -63,7 +87,7 @@ class Steps:
         return os.path.join(self.marker_dir, f"{name}.done")
 
     def _record(self, inputs, outputs, settings):
-        return {"inputs": _signature(inputs), "outputs": [os.path.abspath(p) for p in outputs],
+        return {"inputs": _signature(inputs, digests=True), "outputs": [os.path.abspath(p) for p in outputs],
                 "settings": settings}
 
     def is_done(self, name, inputs, outputs, settings=None):
@@ -77,7 +101,12 @@ class Steps:
                 old = json.load(f)
             except json.JSONDecodeError:
                 return False
-        return old == json.loads(json.dumps(self._record(inputs, outputs, settings or {})))
+        if not isinstance(old, dict):
+            return False
+        expected = json.loads(json.dumps({"outputs": [os.path.abspath(p) for p in outputs],
+                                          "settings": settings or {}}))
+        return (old.get("outputs") == expected["outputs"] and old.get("settings") == expected["settings"]
+                and _same_inputs(old.get("inputs"), inputs))
 
     def run(self, name, inputs, outputs, fn, settings=None):
         """Run ``fn()`` unless an identical earlier run finished; ``fn`` must write ``outputs``."""
@@ -202,18 +231,10 @@ def download(url, dest, expected_md5=None,
         raise
     except OSError as exc:
         raise PrepareError(f"could not download {url} ({exc}). Without a network, {offline_hint}.")
-    if expected_md5 is not None and md5(dest) != expected_md5:
+    if expected_md5 is not None and file_digest(dest, "md5") != expected_md5:
         os.remove(dest)
         raise PrepareError(f"{dest}: checksum mismatch (corrupt download), removed it; run again")
     return dest
-
-
-def md5(path):
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def extract(archive, dest_dir):

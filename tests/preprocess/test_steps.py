@@ -1,0 +1,62 @@
+"""``preprocess.common.Steps``: which re-runs skip a finished step and which redo it."""
+
+import hashlib
+import json
+import os
+
+from preprocess.common import Steps
+
+
+def run_copy(steps, src, dst, calls):
+    def copy():
+        calls.append(src)
+        with open(src, "rb") as f, open(dst, "wb") as g:
+            g.write(f.read())
+    return steps.run("copy", [src], [dst], copy, {"mode": "plain"})
+
+
+def test_steps_skip_on_same_content_and_redo_on_change(tmp_path):
+    src, dst, calls = str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), []
+    with open(src, "w") as f:
+        f.write("ein Haus\n")
+    steps = Steps(str(tmp_path / "work"))
+    assert run_copy(steps, src, dst, calls) and len(calls) == 1
+    marker = json.load(open(tmp_path / "work" / ".done" / "copy.done"))
+    st = os.stat(src)
+    assert marker["inputs"] == [[os.path.abspath(src), st.st_size, int(st.st_mtime),
+                                 hashlib.sha256(b"ein Haus\n").hexdigest()]]
+    assert not run_copy(steps, src, dst, calls) and len(calls) == 1
+
+    # a copied or restored folder: same bytes, another mtime -> still done
+    os.utime(src, (st.st_atime + 1000, st.st_mtime + 1000))
+    assert not run_copy(steps, src, dst, calls) and len(calls) == 1
+
+    # same size, other bytes, another mtime -> redone
+    with open(src, "w") as f:
+        f.write("ein Baum\n")
+    os.utime(src, (st.st_atime + 2000, st.st_mtime + 2000))
+    assert run_copy(steps, src, dst, calls) and len(calls) == 2
+    assert open(dst).read() == "ein Baum\n"
+
+    # other settings, or a missing output -> redone
+    assert steps.run("copy", [src], [dst], lambda: calls.append("s"), {"mode": "other"}) and calls[-1] == "s"
+    os.remove(dst)
+    assert run_copy(steps, src, dst, calls) and len(calls) == 4
+
+
+def test_steps_marker_without_digest_is_redone_when_mtime_differs(tmp_path):
+    """A marker of the earlier (path, size, mtime) format still counts while the mtime matches; it has no
+    digest to prove the content, so a changed mtime redoes the step."""
+    src, dst, calls = str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), []
+    with open(src, "w") as f:
+        f.write("x\n")
+    steps = Steps(str(tmp_path / "work"))
+    run_copy(steps, src, dst, calls)
+    path = tmp_path / "work" / ".done" / "copy.done"
+    marker = json.load(open(path))
+    marker["inputs"][0] = marker["inputs"][0][:3]
+    json.dump(marker, open(path, "w"))
+    assert not run_copy(steps, src, dst, calls) and len(calls) == 1
+    st = os.stat(src)
+    os.utime(src, (st.st_atime + 1000, st.st_mtime + 1000))
+    assert run_copy(steps, src, dst, calls) and len(calls) == 2
