@@ -23,7 +23,9 @@ dropout 0.3, shared decoder embeddings) and measured on the SAME batches, altern
 (b) generation: fairseq's ``SequenceGenerator`` (incremental decoding), beam 5, generated tokens
     of the best hypothesis per second = fairseq-generate's ``tokens/s``. Untrained models stop at
     random lengths, so every hypothesis is forced to the same length (min_len = max_len = about
-    1.1 x the source length): both models then decode exactly the same number of steps;
+    1.1 x the source length): both models then decode exactly the same number of steps. All generation
+    repetitions run before the first training step, in a process that has not trained yet, as
+    fairseq-generate runs;
 (c) peak memory of a training step, in a fresh subprocess per model (``--memory-mode``):
     on CUDA ``torch.cuda.max_memory_allocated`` minus the memory held before the first step; on
     CPU the peak resident set during the training steps (Linux ``VmHWM``, reset just before them
@@ -298,6 +300,17 @@ def resolve_data(args):
 
 
 # ---------------------------------------------------------------------------------------------
+def alternate(models, rep):
+    """The models' names, in reverse order every other repetition."""
+    names = list(models)
+    return names if rep % 2 == 0 else names[::-1]
+
+
+def progress(what, rep, reps, figures):
+    print(f"{what} rep {rep + 1}/{reps}: " + ", ".join(f"{a} {v:.0f} tok/s" for a, v in figures.items()),
+          file=sys.stderr, flush=True)
+
+
 def run(args):
     data_dir, cleanup = resolve_data(args)
     with cleanup:
@@ -312,22 +325,22 @@ def run(args):
                                args.max_tokens or spec["max_tokens"])
         gen_batches = generation_batches(task, batches, spec["gen_sentences"], spec["gen_batches"])
         results = {arch: dict(train=[], generate=[]) for arch in models}
-        # warm-up: one step and one generation each (allocations, optimizer state, kernels)
-        for arch, (task_a, trainer) in models.items():
-            trainer.train_step([batches[0]])
+        # Generation first, in a process that has not trained yet, as fairseq-generate runs (not interleaved
+        # with training steps, whose big freed tensors reshape glibc's heap for the decoding's small ones).
+        for arch, (task_a, trainer) in models.items():  # warm-up
             time_generate(task_a, trainer.get_model(), gen_batches[:1], args.beam, args.device)
         for rep in range(args.reps):
-            order = list(models) if rep % 2 == 0 else list(models)[::-1]
-            for arch in order:
-                task_a, trainer = models[arch]
-                results[arch]["train"].append(time_train(trainer, batches, args.device))
-            for arch in order:
+            for arch in alternate(models, rep):
                 task_a, trainer = models[arch]
                 results[arch]["generate"].append(
                     time_generate(task_a, trainer.get_model(), gen_batches, args.beam, args.device))
-            print(f"rep {rep + 1}/{args.reps}: " + ", ".join(
-                f"{a} train {results[a]['train'][-1]:.0f} gen {results[a]['generate'][-1]:.0f} tok/s"
-                for a in models), file=sys.stderr, flush=True)
+            progress("generation", rep, args.reps, {a: results[a]["generate"][-1] for a in models})
+        for arch, (task_a, trainer) in models.items():  # warm-up: allocations, optimizer state
+            trainer.train_step([batches[0]])
+        for rep in range(args.reps):
+            for arch in alternate(models, rep):
+                results[arch]["train"].append(time_train(models[arch][1], batches, args.device))
+            progress("training", rep, args.reps, {a: results[a]["train"][-1] for a in models})
         info = dict(
             size=args.size, device=args.device, clock=args.clock, threads=torch.get_num_threads(), reps=args.reps,
             train_batches=len(batches), train_target_tokens=sum(int(b["ntokens"]) for b in batches),
@@ -491,7 +504,7 @@ def run_lm(args):
                 time_eval_lm(trainer.get_model(), eval_batches[:1], args.device)
                 time_sample(trainer.get_model(), prompt, 2, args.device)
             for rep in range(args.reps):
-                order = list(rows) if rep % 2 == 0 else list(rows)[::-1]
+                order = alternate(rows, rep)
                 for row in order:
                     res[row]["train"].append(time_train(models[row][1], batches, args.device))
                 for row in order:

@@ -62,3 +62,12 @@ class DiagFreeSelfAttention(SelfAttentionVariant):
 
     def restrict(self, q, k, allowed):
         return diagonal_free(allowed)
+
+    def attend(self, q, k, v, allowed, cache, exact):
+        if allowed is None and q.size(2) == 1 and k.size(2) > 1:
+            # One decoding step that sees every key: its own key is the last, so -inf there instead of
+            # building the causal and diagonal masks at every step (as BET(SF)'s decoding step does).
+            logits = self.scores(q, k, None)
+            logits[..., -1] = float("-inf")
+            return self.attend_to_logits(logits, None, v)
+        return super().attend(q, k, v, allowed, cache, exact)
