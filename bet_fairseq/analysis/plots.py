@@ -1,34 +1,16 @@
 """Pictures of decoder self-attention: a heatmap per layer/head, and CA versus HA per layer.
 
-matplotlib is imported here only, with the Agg backend (no display needed).
+matplotlib comes through ``bet_fairseq.figures`` (the Agg backend, imported only when drawing).
 """
 
 from typing import List, Optional, Sequence, Tuple
 
-from ..files import atomic_path
-
-
-def _pyplot():
-    import logging
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # before import: it logs at import time
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: str):
-    """Write the PNG under a temporary name, then rename (a half-written file never appears)."""
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+from ..figures import pyplot, save_png
 
 
 def heatmap(matrix, tokens: Sequence[str], path: str, title: str = "", query_tokens: Optional[Sequence[str]] = None):
     """One ``(T, T)`` attention matrix: rows = queries (decoder inputs), columns = keys."""
-    plt = _pyplot()
+    plt = pyplot()
     m = matrix.detach().cpu().float().numpy() if hasattr(matrix, "detach") else matrix
     n = m.shape[0]
     size = max(3.0, min(0.32 * n + 1.5, 24.0))
@@ -44,7 +26,7 @@ def heatmap(matrix, tokens: Sequence[str], path: str, title: str = "", query_tok
         if title:
             ax.set_title(title, fontsize=9)
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-        _save(fig, path)
+        save_png(fig, path, dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)
 
@@ -54,7 +36,7 @@ def ca_ha_bars(series: List[Tuple[str, List[dict]]], path: str, title: str = "")
     ``(label, layers)`` in ``series`` (``layers``: the per-layer dicts of a ``stats`` result)."""
     import numpy as np
 
-    plt = _pyplot()
+    plt = pyplot()
     num_layers = max(len(layers) for _, layers in series)
     x = np.arange(1, num_layers + 1)
     groups = 2 * len(series)
@@ -79,6 +61,6 @@ def ca_ha_bars(series: List[Tuple[str, List[dict]]], path: str, title: str = "")
         if title:
             ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        _save(fig, path)
+        save_png(fig, path, dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)

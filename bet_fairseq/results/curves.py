@@ -9,7 +9,6 @@ Reads both ``--log-format json`` lines (``| train_inner | {"loss": ..., "num_upd
 import json
 import re
 
-from ..files import atomic_path
 
 _JSON = re.compile(r"\|\s*(train_inner|valid)\s*\|\s*(\{.*\})\s*$")
 _SIMPLE_TRAIN = re.compile(r"\|\s*train_inner\s*\|.*?\bloss=([\d.]+).*?\bnum_updates=(\d+)")
@@ -44,14 +43,9 @@ def parse_log(path):
 
 def plot_curves(runs, out_path, title):
     """runs: [(label, curves)]; one PNG with the training and the validation loss against updates."""
-    import logging
+    from ..figures import pyplot, save_png
 
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, split in zip(axes, ("train", "valid")):
         colours = plt.get_cmap("tab20").colors
@@ -67,9 +61,4 @@ def plot_curves(runs, out_path, title):
     axes[1].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    try:
-        with atomic_path(out_path) as tmp:
-            fig.savefig(tmp, dpi=110)
-    finally:
-        plt.close(fig)
-    return out_path
+    return save_png(fig, out_path)

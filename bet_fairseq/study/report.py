@@ -166,18 +166,6 @@ def machine(root):
 # ----------------------------------------------------------------------------- figures
 
 
-def _pyplot():
-    import logging
-
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_curves(records, out):
     from ..results.curves import parse_log, plot_curves as draw
 
@@ -195,9 +183,9 @@ def plot_curves(records, out):
 
 
 def plot_bars(summary, out):
-    from ..files import atomic_path
+    from ..figures import pyplot, save_png
 
-    plt = _pyplot()
+    plt = pyplot()
     panels = [(d, m) for d in summary for m in (["bleu"] if P.DATASETS[d].kind == "mt" else ["ppl"])]
     if not panels:
         return None
@@ -221,13 +209,7 @@ def plot_bars(summary, out):
         ax.set_title(f"{P.DATASETS[dkey].label}: mean, 95% CI (t), seeds as dots", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    path = os.path.join(out, "bars.png")
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110)
-    finally:
-        plt.close(fig)
-    return path
+    return save_png(fig, os.path.join(out, "bars.png"))
 
 
 # ----------------------------------------------------------------------------- Markdown
