@@ -377,12 +377,20 @@ def table(info, results):
     rows.append("")
     rows.append("best repetition (least disturbed by other load), BET / vanilla: " + ", ".join(
         f"{key} {best[BET][key] / best[VANILLA][key]:.3f}" for key in ("train", "generate")))
+    rows.append(paired_line(results[VANILLA], results[BET], ("train", "generate")))
     head = (f"size={info['size']} device={info['device']} clock={info['clock']} threads={info['threads']} reps={info['reps']} "
             f"data={info['data']} train: {info['train_batches']} batches, {info['train_target_tokens']} target tokens; "
             f"generate: {info['gen_sentences']} sentences, beam {info['beam']}; torch {info['torch']}; "
             f"parameters: vanilla {info['params'][VANILLA]:,}, BET {info['params'][BET]:,}")
     return head + "\n\n" + "\n".join(rows), med, verdict
 
+
+
+def paired_line(vanilla, bet, keys):
+    """The median of the per-repetition ratios: each repetition ran both models back to back, so on a machine
+    whose speed drifts it is steadier than the ratio of the medians (the table's ratio, which decides a target)."""
+    return "median of the per-repetition ratios, BET / vanilla: " + ", ".join(
+        f"{key} {statistics.median(b / v for v, b in zip(vanilla[key], bet[key])):.3f}" for key in keys)
 
 
 # --------------------------------------------------------------------------------------------- language models
@@ -550,6 +558,7 @@ def lm_table(info, results):
             lines.append(f"| {block} | training-step memory, MiB ({mv['mode']} growth) | {mv['step_mb']:.0f} | "
                          f"{mb['step_mb']:.0f} | {ratio:.3f} | <= {LM_TARGETS['memory']} | "
                          f"{'yes' if met[block]['memory'] else 'NO'} |")
+        lines.append(f"block {block}: " + paired_line(res["vanilla"], res["bet_sf"], labels))
     head = (f"size={info['size']} device={info['device']} clock={info['clock']} threads={info['threads']} "
             f"reps={info['reps']} blocks={','.join(map(str, info['blocks']))} max_tokens={info['max_tokens']} "
             f"train_batches={info['train_batches']} sample_batch={info['sample_batch']}; torch {info['torch']}; "
