@@ -325,8 +325,8 @@ def run(args):
                                args.max_tokens or spec["max_tokens"])
         gen_batches = generation_batches(task, batches, spec["gen_sentences"], spec["gen_batches"])
         results = {arch: dict(train=[], generate=[]) for arch in models}
-        # Generation first, in a process that has not trained yet, as fairseq-generate runs (not interleaved
-        # with training steps, whose big freed tensors reshape glibc's heap for the decoding's small ones).
+        # Generation first, in a process that has not trained yet, as fairseq-generate runs; measured against
+        # the interleaved order in docs/performance.md ("Third round"), inside the noise.
         for arch, (task_a, trainer) in models.items():  # warm-up
             time_generate(task_a, trainer.get_model(), gen_batches[:1], args.beam, args.device)
         for rep in range(args.reps):
@@ -335,7 +335,7 @@ def run(args):
                 results[arch]["generate"].append(
                     time_generate(task_a, trainer.get_model(), gen_batches, args.beam, args.device))
             progress("generation", rep, args.reps, {a: results[a]["generate"][-1] for a in models})
-        for arch, (task_a, trainer) in models.items():  # warm-up: allocations, optimizer state
+        for _, trainer in models.values():  # warm-up: allocations, optimizer state
             trainer.train_step([batches[0]])
         for rep in range(args.reps):
             for arch in alternate(models, rep):
