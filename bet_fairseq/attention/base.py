@@ -22,8 +22,12 @@ from torch import Tensor
 
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from ..core.masks import COMPUTE, causal_allowed, masked_log_softmax, masked_softmax, rows_without_keys, safe_sdpa
+from ..core.masks import (COMPUTE, LastMaskMemo, causal_allowed, masked_log_softmax, masked_softmax, rows_without_keys,
+                          safe_sdpa)
 
+# every layer gets a view of the decoder's one buffered causal mask: converted once
+_ALLOWED_FROM_FLOAT_MASK = LastMaskMemo(lambda mask, tgt_len, src_len: torch.isfinite(mask).view(1, 1, tgt_len,
+                                                                                                 src_len))
 IncrementalState = Optional[Dict[str, Dict[str, Optional[Tensor]]]]
 CACHE_PREFIX = "prev_variant_"
 
@@ -190,7 +194,7 @@ class SelfAttentionVariant(MultiheadAttention):
     def allowed_keys(tgt_len, src_len, attn_mask, key_padding_mask, device) -> Tensor:
         """Boolean (B or 1, 1, T, S) from fairseq's float causal mask and key padding mask."""
         if attn_mask is not None and attn_mask.size(-1) == src_len:
-            allowed = torch.isfinite(attn_mask).view(1, 1, tgt_len, src_len)
+            allowed = _ALLOWED_FROM_FLOAT_MASK(attn_mask, tgt_len, src_len)
         else:  # no mask, or fairseq's T x T mask under a longer context: causal by position
             allowed = causal_allowed(tgt_len, src_len, device)
         if key_padding_mask is not None:

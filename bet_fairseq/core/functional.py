@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masks import COMPUTE, causal_allowed, diagonal_free, masked_softmax, own_position, rows_without_keys, safe_sdpa
+from .masks import (COMPUTE, LastMaskMemo, causal_allowed, diagonal_free, masked_softmax, own_position,
+                    rows_without_keys, safe_sdpa)
 
 
 # ------------------------------------------------------------------------------------ diagonal
@@ -181,32 +182,42 @@ def masked_column_starts(blocked1: Tensor, blocked2: Tensor, bounds):
     return out
 
 
+MASKED_LOGIT = -1e30  # a masked logit of ``_BetSFCausal``: finite, so that D * R never makes 0 * inf = NaN
+
+
+def _masked_block_bias(blocked: Tensor, dtype) -> Tensor:
+    """0 where a key is allowed and ``MASKED_LOGIT`` where it is blocked: adding it to a slice of logits is several
+    times faster on CPU than ``masked_fill_`` with a broadcast boolean mask."""
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, MASKED_LOGIT)
+
+
 class _BetSFCausal(torch.autograd.Function):
     """Both BET(SF) passes on one ``D = Q K^T`` per query range (``bounds``), storing no T x S matrix.
 
     Range ``[s, e)`` needs R only of the keys ``< e``, whose first passes are done by then, so one sweep
     computes ``A = softmax(D masked by blocked1)``, ``hw = A (V w_h)``, ``R = sigmoid(hw + kw)`` and
     ``out = softmax(D * R masked by blocked2) V`` (``blocked*``: boolean, True where a key is masked; kept
-    for the backward as booleans, a quarter of a float mask). The backward sweeps the ranges in reverse (R_j's gradient comes from
-    rows >= j), recomputing D and both softmaxes: the second pass's softmax gradient, ``dR_j = sum_i dD'_ij
-    D_ij``, then the first pass's ``dD_ij += A_ij dz_i (vw_j - hw_i)`` with ``dz = dR R (1 - R)``. Needs
-    T == S (query i is key i), float32, no dropout and no row without keys.
+    for the backward as booleans, a quarter of a float mask). Masking adds ``MASKED_LOGIT`` (-1e30), not -inf:
+    the forward reuses the first pass's masked D for the second, and a finite -1e30 times R stays finite when
+    R underflows to 0; blocked2 covers blocked1, so every masked logit of either pass ends <= -1e30 beside a
+    finite allowed one and its weight is exactly 0, as with -inf. ``A (V w_h)`` is an elementwise product and
+    a row sum (a matrix-vector product through bmm is about 3 times slower on CPU). The backward sweeps the
+    ranges in reverse (R_j's gradient comes from rows >= j), recomputing D and both softmaxes: the second
+    pass's softmax gradient, ``dR_j = sum_i dD'_ij D_ij``, then the first pass's ``dD_ij += A_ij dz_i (vw_j -
+    hw_i)`` with ``dz = dR R (1 - R)``. Needs T == S (query i is key i), float32, no dropout and no row without
+    keys.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, vw, kw, blocked1, blocked2, bounds):
         out = torch.empty_like(q)
         hw, r = q.new_empty(q.shape[:-1]), q.new_empty(q.shape[:-1])
-        neg = float("-inf")
         for s, e, c1, c2 in bounds:
             d = torch.matmul(q[:, :, s:e], k[:, :, :e].transpose(-1, -2))
-            d[..., c1:e].masked_fill_(blocked1[..., s:e, c1:e], neg)
-            a = torch.softmax(d, dim=-1)
-            hw[:, :, s:e] = torch.matmul(a, vw[:, :, :e, None]).squeeze(-1)
-            del a
+            d[..., c1:e].add_(_masked_block_bias(blocked1[..., s:e, c1:e], d.dtype))
+            hw[:, :, s:e] = torch.softmax(d, dim=-1).mul_(vw[:, :, None, :e]).sum(-1)
             r[:, :, s:e] = torch.sigmoid(hw[:, :, s:e] + kw[:, :, s:e])
-            # the first pass's -inf (times R, maybe 0: NaN) all lie in blocked2, masked again here
-            d.mul_(r[:, :, None, :e])[..., c2:e].masked_fill_(blocked2[..., s:e, c2:e], neg)
+            d.mul_(r[:, :, None, :e])[..., c2:e].add_(_masked_block_bias(blocked2[..., s:e, c2:e], d.dtype))
             out[:, :, s:e] = torch.matmul(torch.softmax(d, dim=-1), v[:, :, :e])
         ctx.save_for_backward(q, k, v, vw, hw, r, out, blocked1, blocked2)
         ctx.bounds = bounds
@@ -215,7 +226,6 @@ class _BetSFCausal(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         q, k, v, vw, hw, r, out, blocked1, blocked2 = ctx.saved_tensors
-        neg = float("-inf")
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dvw, dr = torch.zeros_like(vw), torch.zeros_like(vw)
         dz = torch.empty_like(vw)
@@ -223,7 +233,7 @@ class _BetSFCausal(torch.autograd.Function):
         for s, e, c1, c2 in reversed(ctx.bounds):
             d = torch.matmul(q[:, :, s:e], k[:, :, :e].transpose(-1, -2))
             p2 = d * r[:, :, None, :e]
-            p2[..., c2:e].masked_fill_(blocked2[..., s:e, c2:e], neg)
+            p2[..., c2:e].add_(_masked_block_bias(blocked2[..., s:e, c2:e], d.dtype))
             p2 = torch.softmax(p2, dim=-1)
             dv[:, :, :e] += torch.matmul(p2.transpose(-1, -2), dout[:, :, s:e])
             dd = torch.matmul(dout[:, :, s:e], v[:, :, :e].transpose(-1, -2)).sub_(delta[:, :, s:e]).mul_(p2)
@@ -232,15 +242,12 @@ class _BetSFCausal(torch.autograd.Function):
             dd.mul_(r[:, :, None, :e])
             rc = r[:, :, s:e]
             dz[:, :, s:e] = dr[:, :, s:e] * rc * (1 - rc)  # complete: rows >= s are done
-            g = dz[:, :, s:e, None]
-            d[..., c1:e].masked_fill_(blocked1[..., s:e, c1:e], neg)
-            a = torch.softmax(d, dim=-1)
+            d[..., c1:e].add_(_masked_block_bias(blocked1[..., s:e, c1:e], d.dtype))
+            ag = torch.softmax(d, dim=-1).mul_(dz[:, :, s:e, None])  # A_ij dz_i
             del d
-            dvw[:, :, :e] += torch.matmul(a.transpose(-1, -2), g).squeeze(-1)
-            outer = torch.baddbmm((-g * hw[:, :, s:e, None]).flatten(0, 1), g.flatten(0, 1),
-                                  vw[:, :, None, :e].flatten(0, 1))  # dz_i (vw_j - hw_i)
-            dd.addcmul_(a, outer.view_as(a))
-            del a, outer
+            dvw[:, :, :e] += ag.sum(-2)
+            dd.addcmul_(ag, vw[:, :, None, :e]).addcmul_(ag, hw[:, :, s:e, None], value=-1.0)  # dz_i (vw_j - hw_i)
+            del ag
             dq[:, :, s:e] = torch.matmul(dd, k[:, :, :e])
             dk[:, :, :e] += torch.matmul(dd.transpose(-1, -2), q[:, :, s:e])
         return dq, dk, dv, dvw, dz, None, None, None
@@ -284,21 +291,37 @@ def bet_sf_fused(q: Tensor, k: Tensor, v: Tensor, w: Tensor, allowed: Tensor, ke
     ``(Q K^T) * R = Q (R ⊙ K)^T`` column-wise, and the second pass is one SDPA call after
     ``first_pass_value_scores``."""
     w_h, w_k = split_bet_w(w, q.size(3), q.dtype)
-    empty = rows_without_keys(allowed)
-    final_allowed = second_pass_allowed(allowed, keep_diagonal, q.size(2), k.size(2), q.device)
-    if (q.device.type == "cpu" and empty is None and allowed is not None and dropout_p == 0.0
-            and q.dtype == torch.float32 and q.size(2) == k.size(2)):
-        blocked1, blocked2 = ~allowed, ~final_allowed
-        bounds = masked_column_starts(blocked1, blocked2, query_chunks(allowed, q.size(2), k.size(2)))
-        if bounds is not None:
-            vw, kw = torch.matmul(v, w_h).squeeze(-1), torch.matmul(k, w_k).squeeze(-1)
-            return _BetSFCausal.apply(q, k, v, vw, kw, blocked1, blocked2, bounds)
+    cpu_kernel = q.device.type == "cpu" and dropout_p == 0.0 and q.dtype == torch.float32
+    if allowed is None:
+        empty, final_allowed, kernel_masks = None, second_pass_allowed(None, keep_diagonal, q.size(2), k.size(2),
+                                                                        q.device), None
+    else:
+        empty, final_allowed, kernel_masks = FUSED_MASKS(allowed, keep_diagonal, q.size(2), k.size(2), cpu_kernel)
+    if cpu_kernel and kernel_masks is not None:
+        vw, kw = torch.matmul(v, w_h).squeeze(-1), torch.matmul(k, w_k).squeeze(-1)
+        return _BetSFCausal.apply(q, k, v, vw, kw, *kernel_masks)
     if (q.device.type != "cpu" and allowed is not None and allowed.size(0) == 1 and q.size(2) == k.size(2)
             and torch.equal(allowed, causal_allowed(q.size(2), k.size(2), q.device))):
         return bet_sf_causal_sdpa(q, k, v, w, keep_diagonal, dropout_p)
     hw = first_pass_value_scores(q, k, torch.matmul(v, w_h), allowed, empty=empty)
     r = bet_key_scores(hw, k, w_k)
     return safe_sdpa(q, k * r.unsqueeze(-1), v, final_allowed, dropout_p, empty)
+
+
+def fused_masks(allowed: Tensor, keep_diagonal: bool, tgt_len: int, src_len: int, cpu_kernel: bool):
+    """What ``bet_sf_fused`` derives from its mask: ``(rows without keys, the second pass's mask, kernel masks)``,
+    the last ``(blocked1, blocked2, bounds)`` for ``_BetSFCausal`` when ``cpu_kernel`` and the mask suits it
+    (T == S, no row without keys, ranges found by ``masked_column_starts``), else None."""
+    empty = rows_without_keys(allowed)
+    final_allowed = second_pass_allowed(allowed, keep_diagonal, tgt_len, src_len, allowed.device)
+    if not cpu_kernel or empty is not None or tgt_len != src_len:
+        return empty, final_allowed, None
+    blocked1, blocked2 = ~allowed, ~final_allowed
+    bounds = masked_column_starts(blocked1, blocked2, query_chunks(allowed, tgt_len, src_len))
+    return empty, final_allowed, None if bounds is None else (blocked1, blocked2, bounds)
+
+
+FUSED_MASKS = LastMaskMemo(fused_masks)  # every layer of a forward sees the same mask
 
 
 def bet_sf_causal_sdpa(q: Tensor, k: Tensor, v: Tensor, w: Tensor, keep_diagonal: bool = False,

@@ -1,6 +1,6 @@
 """Boolean masks and a softmax that never returns NaN for a row without keys."""
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -84,3 +84,37 @@ def safe_sdpa(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], dropou
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, scale=1.0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | empty, dropout_p=dropout_p, scale=1.0)
     return out.masked_fill(empty, 0.0)
+
+
+class LastMaskMemo:
+    """Remembers ``fn(mask, *extra)`` for the last mask it was called with. Every layer of a model derives the same
+    masks from the same mask tensor in a forward (fairseq hands each layer a view of one buffered causal mask),
+    and on CPU those boolean scans cost about 3 ms per layer at 512 tokens, a tenth of BET's attention there.
+
+    A mask counts as the same when it views the same memory the same way (storage, offset, shape, strides, dtype)
+    and has not been written to since (its version counter); the memo holds the mask, so that its memory cannot
+    be freed and reused by another tensor while it is remembered. ``extra`` must be hashable. Results are shared
+    between callers: nobody may write into them."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.last = None
+
+    @staticmethod
+    def key(mask: Tensor, extra):
+        return (mask.untyped_storage().data_ptr(), mask.storage_offset(), tuple(mask.shape), mask.stride(),
+                mask.dtype, mask.device, mask._version, extra)
+
+    def forget(self):
+        """Drop the remembered result (when what ``fn`` calls has changed, as a benchmark's settings)."""
+        self.last = None
+
+    def __call__(self, mask: Tensor, *extra):
+        if mask.is_inference():  # no version counter: a write could not be seen
+            return self.fn(mask, *extra)
+        key = self.key(mask, extra)
+        if self.last is not None and self.last[1] == key:
+            return self.last[2]
+        value = self.fn(mask, *extra)
+        self.last = (mask, key, value)
+        return value

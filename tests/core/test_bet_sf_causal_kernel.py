@@ -101,3 +101,43 @@ def test_first_pass_by_query_ranges_matches_the_equations():
     for g, g_want in zip(torch.autograd.grad(got.square().sum(), (q, k, vw)),
                          torch.autograd.grad(want.square().sum(), (q, k, vw))):
         torch.testing.assert_close(g.double(), g_want.double(), atol=1e-5, rtol=1e-4)
+
+
+def test_kernel_with_key_scores_that_underflow_to_zero():
+    """R_j = 0 exactly in float32 (a large w): the forward reuses the first pass's masked logits for D * R, so a
+    masked logit of -inf would turn into 0 * -inf = NaN there; the result must still be the equations'."""
+    torch.manual_seed(5)
+    tgt = 150
+    q, k, v = (torch.randn(B, H, tgt, D, requires_grad=True) for _ in range(3))
+    w = (torch.randn(H, 2 * D) * 60).requires_grad_()
+    allowed = causal_allowed(tgt, tgt)
+    first = torch.softmax((q @ k.transpose(-1, -2)).masked_fill(~allowed, float("-inf")), -1)
+    r32 = torch.sigmoid(torch.einsum("bhtd,hd->bht", torch.cat([first @ v, k], -1), w))
+    assert (r32 == 0).any() and (r32 > 0).any()  # the case under test: some keys' R underflows to 0
+    got = bet_sf_fused(q, k, v, w, allowed)
+    want = dense_bet_sf(q, k, v, w, allowed, keep_diagonal=False)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    for g, g_want in zip(torch.autograd.grad(got.square().sum(), (q, k, v)),
+                         torch.autograd.grad(want.square().sum(), (q, k, v))):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g.double(), g_want.double(), atol=1e-4, rtol=1e-4)
+
+
+def test_masks_remembered_between_calls_follow_the_mask():
+    """``bet_sf_fused`` remembers what it derives from the last mask (every layer of a forward passes the same one):
+    alternating masks, and one edited in place, must each give their own equations."""
+    torch.manual_seed(6)
+    tgt = 140
+    q, k, v = (torch.randn(B, H, tgt, D) for _ in range(3))
+    w = torch.randn(H, 2 * D)
+    causal = causal_allowed(tgt, tgt)
+    pad = torch.zeros(B, 1, 1, tgt, dtype=torch.bool)
+    pad[0, ..., -5:] = True
+    padded = causal & ~pad
+    for allowed in (causal, padded, causal, padded):
+        torch.testing.assert_close(bet_sf_fused(q, k, v, w, allowed).double(),
+                                   dense_bet_sf(q, k, v, w, allowed, False), atol=1e-5, rtol=1e-5)
+    padded[1, ..., -2:] = False  # the same tensor, written in place
+    torch.testing.assert_close(bet_sf_fused(q, k, v, w, padded).double(), dense_bet_sf(q, k, v, w, padded, False),
+                               atol=1e-5, rtol=1e-5)
