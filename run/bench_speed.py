@@ -12,7 +12,8 @@ Table 2 LM recipe, ``bet_fairseq/recipes.py``; ``lm_tiny``: 2 layers of 32 for t
 length (``--block``) on the same random token blocks: (a) training, ``Trainer.train_step``, tokens/s; (b)
 eval-lm, the model's forward without gradients plus the log-softmax (what fairseq-eval-lm scores), tokens/s;
 (c) sampling, token-by-token decoding with the incremental state (``--prompt`` tokens, then ``--new-tokens``
-greedy steps), new tokens/s; (d) peak training memory as (c) below.
+greedy steps), new tokens/s; (d) peak training memory as (c) below. All eval-lm, then all sampling repetitions run
+before the first training step (as fairseq-eval-lm runs, and as generation below).
 
 Both models are built through fairseq's task/model/criterion builders with the IWSLT14 recipe's
 options (``bet_fairseq/recipes.py``: Adam (0.9, 0.98), inverse_sqrt, label-smoothed cross-entropy 0.1,
@@ -507,22 +508,23 @@ def run_lm(args):
             eval_batches = lm_batches(task, block, args.max_tokens, args.train_batches, seed=2)
             prompt = batches[0]["net_input"]["src_tokens"][: args.sample_batch, : min(args.prompt, block)]
             res = {row: dict(train=[], eval_lm=[], sample=[]) for row in rows}
+            # eval-lm and sampling first, in a process that has not trained yet (as fairseq-eval-lm runs), like
+            # generation for translation
             for row, (_, trainer) in models.items():  # warm-up
-                trainer.train_step([batches[0]])
                 time_eval_lm(trainer.get_model(), eval_batches[:1], args.device)
                 time_sample(trainer.get_model(), prompt, 2, args.device)
+            for key, measure in (("eval_lm", lambda m: time_eval_lm(m, eval_batches, args.device)),
+                                 ("sample", lambda m: time_sample(m, prompt, args.new_tokens, args.device))):
+                for rep in range(args.reps):
+                    for row in alternate(rows, rep):
+                        res[row][key].append(measure(models[row][1].get_model()))
+                    progress(f"block {block} {key}", rep, args.reps, {row: res[row][key][-1] for row in rows})
+            for _, trainer in models.values():  # warm-up: allocations, optimizer state
+                trainer.train_step([batches[0]])
             for rep in range(args.reps):
-                order = alternate(rows, rep)
-                for row in order:
+                for row in alternate(rows, rep):
                     res[row]["train"].append(time_train(models[row][1], batches, args.device))
-                for row in order:
-                    res[row]["eval_lm"].append(time_eval_lm(models[row][1].get_model(), eval_batches, args.device))
-                for row in order:
-                    res[row]["sample"].append(time_sample(models[row][1].get_model(), prompt, args.new_tokens,
-                                                          args.device))
-                print(f"block {block} rep {rep + 1}/{args.reps}: " + ", ".join(
-                    f"{row} train {res[row]['train'][-1]:.0f} eval {res[row]['eval_lm'][-1]:.0f} "
-                    f"sample {res[row]['sample'][-1]:.1f} tok/s" for row in rows), file=sys.stderr, flush=True)
+                progress(f"block {block} train", rep, args.reps, {row: res[row]["train"][-1] for row in rows})
             params = {row: sum(p.numel() for p in t.get_model().parameters()) for row, (_, t) in models.items()}
             del models
             if not args.no_memory:

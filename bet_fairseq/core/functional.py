@@ -68,10 +68,11 @@ def _bet_sf_step_logits(scores, first, k, v, w, allowed, keep_diagonal, prev_r, 
     elementwise products instead of broadcast matmuls, and, when the step sees every key, the DiagFreeMask
     written into the logits (the own key is the last) instead of a mask tensor."""
     head_dim = k.size(3)
-    w = w.to(k.dtype).unsqueeze(1)  # (heads or 1, 1, 2 d)
-    vw = torch.cat([prev_vw, (v[:, :, -1:] * w[..., :head_dim]).sum(-1)], dim=2)  # (B, H, S)
-    hw = (first.squeeze(2) * vw).sum(-1, keepdim=True)  # A (V w_h), (B, H, 1)
-    r = torch.cat([prev_r, torch.sigmoid(hw + (k[:, :, -1:] * w[..., head_dim:]).sum(-1))], dim=2)
+    w = w.to(k.dtype)  # (heads or 1, 2 d); vecdot: one op where a product and a sum are two (each ~10 us here)
+    vw = torch.cat([prev_vw, torch.linalg.vecdot(v[:, :, -1], w[:, :head_dim]).unsqueeze(-1)], dim=2)  # (B, H, S)
+    hw = torch.linalg.vecdot(first.squeeze(2), vw)  # A (V w_h), (B, H)
+    r = torch.cat([prev_r, torch.sigmoid(torch.linalg.vecdot(k[:, :, -1], w[:, head_dim:]).add_(hw)).unsqueeze(-1)],
+                  dim=2)
     logits = scores * r.unsqueeze(2)
     src_len = k.size(2)
     if allowed is None and not keep_diagonal and src_len > 1:
