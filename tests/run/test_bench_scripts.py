@@ -55,5 +55,5 @@ def test_query_range_benchmark_uses_the_configured_ranges(monkeypatch, capsys):
                              "--heads", "2", "--head-dim", "8", "--threads", "1"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 128 |")]
     assert [r.split("|")[2].strip() for r in rows] == ["vanilla", "64x2", "128x2"]
-    assert seen == [2, 2, 1, 1] * 2  # (warm-up + 1 round) x (64x2: fwd, fwd+bwd; 128x2: fwd, fwd+bwd)
+    assert seen == [2, 2, 2, 1, 1, 1] * 2  # (warm-up + 1 round) x (64x2: masks, fwd, fwd+bwd; 128x2: the same)
     assert functional.query_chunks is default
