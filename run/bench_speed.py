@@ -11,8 +11,8 @@ Language-model sizes (``lm``, ``lm_wikitext103``, ``lm_enwik8``: ``vanilla_{size
 Table 2 LM recipe, ``bet_fairseq/recipes.py``; ``lm_tiny``: 2 layers of 32 for tests) are measured per block
 length (``--block``) on the same random token blocks: (a) training, ``Trainer.train_step``, tokens/s; (b)
 eval-lm, the model's forward without gradients plus the log-softmax (what fairseq-eval-lm scores), tokens/s;
-(c) sampling, token-by-token decoding with the incremental state (``--prompt`` tokens, then ``--new-tokens``
-greedy steps), new tokens/s; (d) peak training memory as (c) below. All eval-lm, then all sampling repetitions run
+(c) sampling, token-by-token decoding with the incremental state (``--sample-batch`` random prompts of ``--prompt``
+tokens fed token by token, untimed, then ``--new-tokens`` timed greedy steps), new tokens/s; (d) peak training memory as (c) below. All eval-lm, then all sampling repetitions run
 before the first training step (as fairseq-eval-lm runs, and as generation below).
 
 Both models are built through fairseq's task/model/criterion builders with the IWSLT14 recipe's
@@ -442,6 +442,13 @@ def lm_batches(task, block, max_tokens, n_batches, seed=1):
     return out
 
 
+def lm_prompts(task, n, length, seed=3):
+    """``n`` random prompts of ``length`` tokens, (n, length): the same sampling workload at every block length
+    (the rows of a training batch were ``--max-tokens`` / block of them: 4 at block 512, 2 at 1024)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(task.target_dictionary.nspecial, len(task.target_dictionary), (n, length), generator=g)
+
+
 def time_eval_lm(model, batches, device):
     model.eval()
     tokens, elapsed = 0, 0.0
@@ -458,18 +465,22 @@ def time_eval_lm(model, batches, device):
     return tokens / elapsed
 
 
-def time_sample(model, prompt, new_tokens, device):
-    """Greedy decoding of ``new_tokens`` after ``prompt`` (B, P), one token a step with the incremental state
-    (the prompt goes in as one block, as fairseq's generator feeds a prefix); new tokens per second."""
+def time_sample(model, prompt, new_tokens, device, first_word):
+    """Greedy decoding with the incremental state: the ``prompt`` (B, P) fed one token a call, untimed (fairseq's
+    decoder takes only the last token once it has an incremental state, so a prefix goes in token by token, as
+    fairseq's generator feeds one), then ``new_tokens`` timed steps; new tokens per second. Each step takes the
+    most likely word from index ``first_word`` on: an untrained model often prefers padding or </s>, and a padding
+    token would bring key padding masks into every later step of one model and not of the other."""
     model.eval()
     state = {}
-    tokens = prompt
     with torch.no_grad():
+        for end in range(1, prompt.size(1) + 1):
+            out, _ = model.decoder(prompt[:, :end], incremental_state=state)
+        tokens = prompt
         sync(device)
         start = CLOCK()
-        out, _ = model.decoder(tokens, incremental_state=state)
         for _ in range(new_tokens):
-            nxt = out[:, -1].argmax(-1, keepdim=True)
+            nxt = out[:, -1, first_word:].argmax(-1, keepdim=True) + first_word
             tokens = torch.cat([tokens, nxt], dim=1)
             out, _ = model.decoder(tokens, incremental_state=state)
         sync(device)
@@ -506,15 +517,16 @@ def run_lm(args):
             task = models["vanilla"][0]
             batches = lm_batches(task, block, args.max_tokens, args.train_batches)
             eval_batches = lm_batches(task, block, args.max_tokens, args.train_batches, seed=2)
-            prompt = batches[0]["net_input"]["src_tokens"][: args.sample_batch, : min(args.prompt, block)]
+            prompt = lm_prompts(task, args.sample_batch, min(args.prompt, block))
+            first_word = task.target_dictionary.nspecial
             res = {row: dict(train=[], eval_lm=[], sample=[]) for row in rows}
             # eval-lm and sampling first, in a process that has not trained yet (as fairseq-eval-lm runs), like
             # generation for translation
             for row, (_, trainer) in models.items():  # warm-up
                 time_eval_lm(trainer.get_model(), eval_batches[:1], args.device)
-                time_sample(trainer.get_model(), prompt, 2, args.device)
+                time_sample(trainer.get_model(), prompt, 2, args.device, first_word)
             for key, measure in (("eval_lm", lambda m: time_eval_lm(m, eval_batches, args.device)),
-                                 ("sample", lambda m: time_sample(m, prompt, args.new_tokens, args.device))):
+                                 ("sample", lambda m: time_sample(m, prompt, args.new_tokens, args.device, first_word))):
                 for rep in range(args.reps):
                     for row in alternate(rows, rep):
                         res[row][key].append(measure(models[row][1].get_model()))
