@@ -11,9 +11,10 @@ Language-model sizes (``lm``, ``lm_wikitext103``, ``lm_enwik8``: ``vanilla_{size
 Table 2 LM recipe, ``bet_fairseq/recipes.py``; ``lm_tiny``: 2 layers of 32 for tests) are measured per block
 length (``--block``) on the same random token blocks: (a) training, ``Trainer.train_step``, tokens/s; (b)
 eval-lm, the model's forward without gradients plus the log-softmax (what fairseq-eval-lm scores), tokens/s;
-(c) sampling, token-by-token decoding with the incremental state (``--sample-batch`` random prompts of ``--prompt``
-tokens fed token by token, untimed, then ``--new-tokens`` timed greedy steps), new tokens/s; (d) peak training memory as (c) below. All eval-lm, then all sampling repetitions run
-before the first training step (as fairseq-eval-lm runs, and as generation below).
+(c) sampling, token-by-token decoding with the incremental state (``--sample-batch`` random prompts of
+``--prompt`` tokens fed token by token, untimed, then ``--new-tokens`` timed greedy steps), new tokens/s; (d) peak
+training memory as (c) below. All eval-lm, then all sampling repetitions run before the first training step (as
+fairseq-eval-lm runs, and as generation below).
 
 Both models are built through fairseq's task/model/criterion builders with the IWSLT14 recipe's
 options (``bet_fairseq/recipes.py``: Adam (0.9, 0.98), inverse_sqrt, label-smoothed cross-entropy 0.1,
@@ -525,8 +526,9 @@ def run_lm(args):
             for row, (_, trainer) in models.items():  # warm-up
                 time_eval_lm(trainer.get_model(), eval_batches[:1], args.device)
                 time_sample(trainer.get_model(), prompt, 2, args.device, first_word)
-            for key, measure in (("eval_lm", lambda m: time_eval_lm(m, eval_batches, args.device)),
-                                 ("sample", lambda m: time_sample(m, prompt, args.new_tokens, args.device, first_word))):
+            measures = (("eval_lm", lambda m: time_eval_lm(m, eval_batches, args.device)),
+                        ("sample", lambda m: time_sample(m, prompt, args.new_tokens, args.device, first_word)))
+            for key, measure in measures:
                 for rep in range(args.reps):
                     for row in alternate(rows, rep):
                         res[row][key].append(measure(models[row][1].get_model()))
