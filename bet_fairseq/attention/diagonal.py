@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from fairseq.dataclass import FairseqDataclass
 
 from ..core.functional import scale_diagonal
-from ..core.masks import diagonal_free, own_position
+from ..core.masks import diagonal_free, diagonal_free_step_, own_position
 from . import Attended, SelfAttentionVariant, register_variant
 
 
@@ -64,10 +64,7 @@ class DiagFreeSelfAttention(SelfAttentionVariant):
         return diagonal_free(allowed)
 
     def attend(self, q, k, v, allowed, cache, exact):
-        if allowed is None and q.size(2) == 1 and k.size(2) > 1:
-            # One decoding step that sees every key: its own key is the last, so -inf there instead of
-            # building the causal and diagonal masks at every step (as BET(SF)'s decoding step does).
-            logits = self.scores(q, k, None)
-            logits[..., -1] = float("-inf")
-            return self.attend_to_logits(logits, None, v)
+        if allowed is None and q.size(2) == 1:
+            # one decoding step that sees every key: no causal and diagonal masks built at every step
+            return self.attend_to_logits(diagonal_free_step_(self.scores(q, k, None)), None, v)
         return super().attend(q, k, v, allowed, cache, exact)

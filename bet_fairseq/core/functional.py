@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .masks import (COMPUTE, LastMaskMemo, causal_allowed, diagonal_free, masked_softmax, own_position,
-                    rows_without_keys, safe_sdpa)
+from .masks import (COMPUTE, LastMaskMemo, causal_allowed, diagonal_free, diagonal_free_step_, masked_softmax,
+                    own_position, rows_without_keys, safe_sdpa)
 
 
 # ------------------------------------------------------------------------------------ diagonal
@@ -74,11 +74,9 @@ def _bet_sf_step_logits(scores, first, k, v, w, allowed, keep_diagonal, prev_r, 
     r = torch.cat([prev_r, torch.sigmoid(torch.linalg.vecdot(k[:, :, -1], w[:, head_dim:]).add_(hw)).unsqueeze(-1)],
                   dim=2)
     logits = scores * r.unsqueeze(2)
-    src_len = k.size(2)
-    if allowed is None and not keep_diagonal and src_len > 1:
-        logits[..., -1] = float("-inf")
-        return logits, None, first, r, vw
-    return logits, second_pass_allowed(allowed, keep_diagonal, 1, src_len, k.device), first, r, vw
+    if allowed is None and not keep_diagonal:
+        return diagonal_free_step_(logits), None, first, r, vw
+    return logits, second_pass_allowed(allowed, keep_diagonal, 1, k.size(2), k.device), first, r, vw
 
 
 def second_pass_allowed(allowed: Optional[Tensor], keep_diagonal: bool, tgt_len: int, src_len: int,

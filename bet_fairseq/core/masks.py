@@ -28,6 +28,14 @@ def diagonal_free(allowed: Tensor) -> Tensor:
     return allowed & ~(diag & has_history)
 
 
+def diagonal_free_step_(logits: Tensor) -> Tensor:
+    """DiagFreeMask in place on the logits (..., 1, S) of one decoding step that sees every key: its own key is the
+    last, so -inf there, unless it is the only key (as ``diagonal_free`` keeps a lone diagonal). No mask tensor."""
+    if logits.size(-1) > 1:
+        logits[..., -1] = float("-inf")
+    return logits
+
+
 COMPUTE = object()  # ``empty=COMPUTE`` (the default): find the rows without keys here
 
 
