@@ -9,18 +9,14 @@ machine disturbs them alike; medians in milliseconds and as a ratio to vanilla.
 
 import argparse
 import functools
-import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bet_fairseq.core import functional  # noqa: E402
-from bet_fairseq.core.masks import causal_allowed  # noqa: E402
+from bet_fairseq.core import functional
+from bet_fairseq.core.masks import causal_allowed
 
 
 def timed(fn):

@@ -23,14 +23,12 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import bet_fairseq
+from bet_fairseq import recipes
+from bet_fairseq.files import atomic_write
+from bet_fairseq.preprocess import prepare_multi30k
 
-from bet_fairseq import recipes  # noqa: E402
-from bet_fairseq.files import atomic_write  # noqa: E402
-from preprocess import prepare_multi30k  # noqa: E402
-
-USER_DIR = os.path.join(ROOT, "bet_fairseq")
+USER_DIR = bet_fairseq.user_dir()
 
 
 def log(msg):

@@ -18,10 +18,10 @@ from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from bet_fairseq.analysis import cli as analyze
-from bet_fairseq.analysis.attention_stats import collect_attention_stats
-from bet_fairseq.analysis.capture import as_capturing_vanilla, capturing, decoder_self_attentions
-from bet_fairseq.analysis.topk import bpe_words, top_k_words
+from bet_fairseq.tools.analysis import cli as analyze
+from bet_fairseq.tools.analysis.attention_stats import collect_attention_stats
+from bet_fairseq.tools.analysis.capture import as_capturing_vanilla, capturing, decoder_self_attentions
+from bet_fairseq.tools.analysis.topk import bpe_words, top_k_words
 from bet_fairseq.attention.vanilla import VanillaSelfAttention
 
 TINY_DECODER = "--decoder-layers 2 --decoder-embed-dim 16 --decoder-attention-heads 2 --decoder-ffn-embed-dim 32"

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from bet_fairseq.analysis import cli as analyze
-from bet_fairseq.analysis.attention_stats import AttentionStatsAccumulator, markdown_report, markdown_table
+from bet_fairseq.tools.analysis import cli as analyze
+from bet_fairseq.tools.analysis.attention_stats import AttentionStatsAccumulator, markdown_report, markdown_table
 
 # One sentence, 2 heads, 3 real positions, then one padding position (its row is NaN: no visible key).
 NAN = float("nan")

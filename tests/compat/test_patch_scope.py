@@ -8,8 +8,8 @@ from conftest import ROOT
 
 TOOL_RUN = """
 import sys
-from preprocess import syntax_hints
-from bet_fairseq.results import table
+from bet_fairseq.preprocess import syntax_hints
+from bet_fairseq.tools.results import table
 from bet_fairseq import recipes, files
 import os; os.makedirs("{dir}/out")
 open("{dir}/valid.en", "w").write("a small dog ran .\\nthe cat sle@@ eps .\\n")

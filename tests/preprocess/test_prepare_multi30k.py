@@ -5,7 +5,7 @@ import gzip
 
 import pytest
 
-from preprocess import common, prepare_multi30k as M
+from bet_fairseq.preprocess import common, prepare_multi30k as M
 
 
 def write_raw(folder, pairs, gz_name=None):

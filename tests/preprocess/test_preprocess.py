@@ -9,8 +9,8 @@ import pytest
 
 from cli_utils import require_shared
 
-from preprocess import prepare_enwik8, prepare_iwslt14, prepare_wikitext, prepare_wmt17
-from preprocess.common import PrepareError, apply_bpe, binarised_lengths
+from bet_fairseq.preprocess import prepare_enwik8, prepare_iwslt14, prepare_wikitext, prepare_wmt17
+from bet_fairseq.preprocess.common import PrepareError, apply_bpe, binarised_lengths
 
 N_TRAIN = 300
 SEGS = 8

@@ -13,8 +13,8 @@ from spacy.tokens import Doc
 from spacy.vocab import Vocab
 
 from cli_utils import require_shared
-from preprocess.hint_rules import doc_hints, left_ancestors, position_hints, split_bpe
-from preprocess import syntax_hints as cli_mod
+from bet_fairseq.preprocess.hint_rules import doc_hints, left_ancestors, position_hints, split_bpe
+from bet_fairseq.preprocess import syntax_hints as cli_mod
 
 VOCAB = Vocab()
 

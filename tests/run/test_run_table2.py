@@ -16,11 +16,11 @@ import torch
 from cli_utils import ROOT, require_shared, cli
 
 from bet_fairseq import recipes
-from bet_fairseq.results import rows as R
-from bet_fairseq.results import runner, table
-from bet_fairseq.results.curves import parse_log
-from preprocess import prepare_wikitext
-from preprocess.common import binarise
+from bet_fairseq.tools.results import rows as R
+from bet_fairseq.tools.results import runner, table
+from bet_fairseq.tools.results.curves import parse_log
+from bet_fairseq.preprocess import prepare_wikitext
+from bet_fairseq.preprocess.common import binarise
 
 N_TEST_MT = 13  # not a multiple of 8: fairseq's batch_by_size would drop 5 without --required-batch-size-multiple 1
 

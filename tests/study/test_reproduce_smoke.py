@@ -10,8 +10,8 @@ import pytest
 
 from cli_utils import require_shared
 
-from bet_fairseq.study import plan as P
-from bet_fairseq.study.cli import main
+from bet_fairseq.tools.study import plan as P
+from bet_fairseq.tools.study.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from bet_fairseq.study import plan as P
-from bet_fairseq.study import stats as S
-from bet_fairseq.study.cli import main
+from bet_fairseq.tools.study import plan as P
+from bet_fairseq.tools.study import stats as S
+from bet_fairseq.tools.study.cli import main
 
 
 def test_t_quantiles_worked_by_hand():

@@ -14,7 +14,7 @@ from cli_utils import (
 )
 
 from bet_fairseq.tasks.syntax_hint_data import SyntaxHintError
-from preprocess import syntax_hints as hint_cli
+from bet_fairseq.preprocess import syntax_hints as hint_cli
 from fairseq import options, tasks
 from fairseq.data import indexed_dataset
 from fairseq.data.indexed_dataset import MMapIndexedDataset

@@ -16,7 +16,7 @@ import bet_fairseq  # noqa: F401  (registers the tasks)
 from bet_fairseq.tasks.syntax_hint_data import SyntaxHintError
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-from preprocess import syntax_hints as hint_cli
+from bet_fairseq.preprocess import syntax_hints as hint_cli
 
 N_LINES = 20
 

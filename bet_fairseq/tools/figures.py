@@ -1,7 +1,7 @@
 """matplotlib for the PNGs of the analysis, the results tools and the study report: the Agg backend (no
 display needed), imported only when a figure is drawn, and figures written atomically and always closed."""
 
-from .files import atomic_path
+from bet_fairseq.files import atomic_path
 
 
 def pyplot():

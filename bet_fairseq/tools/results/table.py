@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from ..files import atomic_write
+from bet_fairseq.files import atomic_write
 from . import rows as R
 
 COLUMNS = R.MT_DATASETS + R.LM_DATASETS

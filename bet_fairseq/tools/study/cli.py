@@ -20,7 +20,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from ..files import atomic_write
+from bet_fairseq.files import atomic_write
 from . import plan as P
 
 

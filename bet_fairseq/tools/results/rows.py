@@ -13,7 +13,7 @@ row whose architecture is not registered when it is run stops with a clear "not 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from ..recipes import LM_DATASETS, MT_DATASETS
+from bet_fairseq.recipes import LM_DATASETS, MT_DATASETS
 
 # ----------------------------------------------------------------------------- datasets
 

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from ..files import atomic_write
+from bet_fairseq.files import atomic_write
 from .attention_stats import CA_ROWS, HA_OVER, markdown_report, matrix_titles
 
 

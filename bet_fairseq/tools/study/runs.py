@@ -22,8 +22,8 @@ import subprocess
 import threading
 import time
 
-from .. import recipes
-from ..files import atomic_write
+from bet_fairseq import recipes
+from bet_fairseq.files import atomic_write
 from ..results import rows as R
 from ..results import runner
 from . import plan as P

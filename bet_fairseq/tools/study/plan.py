@@ -2,7 +2,7 @@
 
 A run is one (dataset, row, seed). Its fairseq-train flags are the dataset's Table 2 recipe
 (``bet_fairseq/recipes.py``: IWSLT14's for Multi30k, WikiText-2's for WikiText-2), then the scale's
-overrides (model size, updates, schedule), then the row's own flags (``bet_fairseq/results/rows.py``:
+overrides (model size, updates, schedule), then the row's own flags (``bet_fairseq/tools/results/rows.py``:
 BET(SG)'s task and pointer loss), then the seed. Pure Python: imports neither fairseq nor torch.
 
 The seconds per run are measured estimates (process CPU time of fairseq-train with one thread,
@@ -13,8 +13,8 @@ to print the expected total before a study starts and the time left while it run
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .. import recipes
-from ..recipes import Flags, lm_sizes, merge, mt_sizes
+from bet_fairseq import recipes
+from bet_fairseq.recipes import Flags, lm_sizes, merge, mt_sizes
 
 SCALES = ("smoke", "cpu", "paper")
 
@@ -37,7 +37,7 @@ DATASETS: Dict[str, Dataset] = {
 }
 
 # ----------------------------------------------------------------------------- THE TABLE
-# row (a key of bet_fairseq/results/rows.py) -> seeds at each scale (seeds 1..N; paired by seed). At the
+# row (a key of bet_fairseq/tools/results/rows.py) -> seeds at each scale (seeds 1..N; paired by seed). At the
 # cpu scale 5 seeds of the Transformer and BET(SF) did not fit 3 hours with models past their steepest
 # learning; 3 seeds each did.
 STUDY: Dict[str, Dict[str, int]] = {

@@ -11,8 +11,8 @@ from typing import List
 
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from ..attention import SelfAttentionVariant
-from ..attention.vanilla import VanillaSelfAttention
+from bet_fairseq.attention import SelfAttentionVariant
+from bet_fairseq.attention.vanilla import VanillaSelfAttention
 
 
 def as_capturing_vanilla(mha: MultiheadAttention) -> SelfAttentionVariant:

@@ -1,6 +1,6 @@
 """Pictures of decoder self-attention: a heatmap per layer/head, and CA versus HA per layer.
 
-matplotlib comes through ``bet_fairseq.figures`` (the Agg backend, imported only when drawing).
+matplotlib comes through ``bet_fairseq.tools.figures`` (the Agg backend, imported only when drawing).
 """
 
 from typing import List, Optional, Sequence, Tuple

@@ -14,7 +14,7 @@ import platform
 import subprocess
 import sys
 
-from ..files import atomic_write
+from bet_fairseq.files import atomic_write
 from ..results import rows as R
 from . import plan as P
 from . import runs as U

@@ -24,8 +24,8 @@ import subprocess
 import sys
 import time
 
-from .. import recipes
-from ..files import atomic_write
+from bet_fairseq import recipes
+from bet_fairseq.files import atomic_write
 from . import rows as R
 
 

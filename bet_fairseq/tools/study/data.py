@@ -14,7 +14,7 @@ are downloaded (Multi30k: github multi30k/dataset data/task1/raw; WikiText-2: th
 import os
 import sys
 
-from ..files import atomic_write
+from bet_fairseq.files import atomic_write
 
 
 class DataError(SystemExit):
@@ -34,7 +34,7 @@ def _head(src, dst, n):
 def prepare_multi30k(work, data_dir, sizes, hints=True):
     """Binarised Multi30k De-En under ``work/multi30k/data-bin`` (+ BET(SG) hints); returns that folder.
     ``sizes``: ``max_train``/``max_eval`` (0: all) and ``bpe_merges``."""
-    from preprocess import common, prepare_multi30k
+    from bet_fairseq.preprocess import common, prepare_multi30k
 
     out = os.path.join(work, "multi30k")
     raw = None
@@ -55,7 +55,7 @@ def prepare_multi30k(work, data_dir, sizes, hints=True):
 def prepare_wikitext2(work, data_dir, sizes, hints=True):
     """Binarised WikiText-2 under ``work/wikitext2/bin`` (+ hints); ``sizes``: ``max_train``/``max_eval``
     lines (0: the whole release, its line counts checked)."""
-    from preprocess import common, prepare_wikitext
+    from bet_fairseq.preprocess import common, prepare_wikitext
 
     out = os.path.join(work, "wikitext2")
     if data_dir:
@@ -92,7 +92,7 @@ def prepare_wikitext2(work, data_dir, sizes, hints=True):
 
 
 def _hints(bin_dir, trainpref, validpref, lang):
-    from preprocess import syntax_hints
+    from bet_fairseq.preprocess import syntax_hints
 
     argv = ["--trainpref", trainpref, "--validpref", validpref, "--destdir", bin_dir, "--no-progress"]
     if lang:
