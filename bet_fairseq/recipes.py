@@ -1,5 +1,5 @@
-"""The training and evaluation recipes, in one place: the paper's settings per dataset, the tiny
-``--quick`` ones, and the side-by-side demo's and the speed benchmark's (each a dataset recipe plus
+"""The training and evaluation recipes, in one place: the paper's settings per kind of dataset (each
+dataset's own flags are its entry in ``catalog.py``), the tiny ``--quick`` ones, and the side-by-side demo's and the speed benchmark's (each a dataset recipe plus
 overrides). The Table 2 row driver (``bet-run-row``), the main job (``run/train_bet_sf_iwslt.sh``),
 ``run/demo_side_by_side.py`` and ``run/bench_speed.py`` all take their flags from here, so they
 cannot drift apart.
@@ -22,11 +22,8 @@ import shlex
 import sys
 from typing import Dict, List, Optional
 
-Flags = Dict[str, object]
-
-MT_DATASETS = ("iwslt14_de_en", "wmt17_en_de")
-LM_DATASETS = ("wikitext2", "wikitext103", "enwik8")
-DATASETS = MT_DATASETS + LM_DATASETS
+from . import catalog
+from .catalog import Flags
 
 
 def merge(*recipes: Flags) -> Flags:
@@ -64,13 +61,6 @@ def lm_sizes(layers: int, dim: int, ffn: int, heads: int) -> Flags:
             "--decoder-attention-heads": heads}
 
 
-def kind(dataset: str) -> str:
-    """"mt" (translation) or "lm" (language modelling)."""
-    if dataset not in DATASETS:
-        raise KeyError(f"unknown dataset {dataset!r}; datasets: {', '.join(DATASETS)}")
-    return "mt" if dataset in MT_DATASETS else "lm"
-
-
 # ----------------------------------------------------------------------------- the paper's settings
 
 # Validation BLEU choosing checkpoint_best.pt (beam 5, Moses detokenised, BPE removed).
@@ -99,15 +89,7 @@ _LM_RECIPE: Flags = {
     "--lr": 1e-3, "--lr-scheduler": "inverse_sqrt", "--warmup-updates": 4000, "--warmup-init-lr": 1e-7,
     "--weight-decay": 0.01, "--dropout": 0.1, "--criterion": "cross_entropy",
 }
-TRAIN: Dict[str, Flags] = {
-    "iwslt14_de_en": {"--task": "translation", "--source-lang": "de", "--target-lang": "en", **_MT_RECIPE,
-                      "--max-epoch": 50},
-    "wmt17_en_de": {"--task": "translation", "--source-lang": "en", "--target-lang": "de", **_MT_RECIPE,
-                    "--max-update": 100000},
-    "wikitext2": {**_LM_RECIPE, "--dropout": 0.3, "--warmup-updates": 1000, "--max-epoch": 200, "--patience": 10},
-    "wikitext103": {**_LM_RECIPE, "--max-update": 200000},
-    "enwik8": {**_LM_RECIPE, "--max-update": 200000},
-}
+BASE_TRAIN: Dict[str, Flags] = {"mt": _MT_RECIPE, "lm": _LM_RECIPE}  # kind -> the recipe under every dataset's own flags
 COMMON_TRAIN: Flags = {"--seed": 1, "--no-epoch-checkpoints": True, "--log-format": "json", "--log-interval": 100}
 
 # --required-batch-size-multiple 1: fairseq-fixed 0.12.3.1's batch_by_size drops the last
@@ -137,11 +119,14 @@ QUICK_EVAL: Dict[str, Flags] = {
 
 
 def train_recipe(dataset: str, quick: bool = False, updates: Optional[int] = None) -> Flags:
-    """fairseq-train flags of a Table 2 run on ``dataset`` (before a row's own flags)."""
-    flags = merge(TRAIN[dataset], COMMON_TRAIN)
+    """fairseq-train flags of a Table 2 run on ``dataset`` (before a row's own flags): its kind's recipe, the
+    dataset's own flags (those of the dataset it takes its recipe from), the common flags."""
+    ds = catalog.dataset(dataset)
+    own = catalog.dataset(ds.recipe).train if ds.recipe else ds.train
+    flags = merge(BASE_TRAIN[ds.kind], own, COMMON_TRAIN)
     if quick:
         updates = updates or QUICK_UPDATES
-        flags = merge(flags, QUICK_TRAIN[kind(dataset)], QUICK_COMMON,
+        flags = merge(flags, QUICK_TRAIN[ds.kind], QUICK_COMMON,
                       {"--max-update": updates, "--validate-interval-updates": max(1, updates // 2)})
     elif updates:
         flags = merge(flags, {"--max-update": updates})
@@ -150,14 +135,14 @@ def train_recipe(dataset: str, quick: bool = False, updates: Optional[int] = Non
 
 def eval_recipe(dataset: str, quick: bool = False) -> Flags:
     """fairseq-generate (translation) or fairseq-eval-lm (language modelling) flags on the test split."""
-    k = kind(dataset)
+    k = catalog.dataset(dataset).kind
     return merge(EVAL[k], QUICK_EVAL[k]) if quick else dict(EVAL[k])
 
 
 # ----------------------------------------------------------------------------- demo and benchmark
 
 # The two models compared side by side (demo, speed benchmark): only the decoder self-attention differs.
-SIDE_BY_SIDE = (("vanilla", "transformer_iwslt_de_en"), ("bet_sf", "bet_sf_iwslt"))
+SIDE_BY_SIDE = tuple((key, catalog.row(key).arch("iwslt14_de_en")) for key in ("vanilla", "bet_sf"))
 
 # run/demo_side_by_side.py: IWSLT14's recipe on a 3+3-layer, 128-dimension model, 500 updates on a CPU,
 # no weight decay, lighter dropout and a faster schedule; keeps the last checkpoint (no validation BLEU).
@@ -180,7 +165,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m bet_fairseq.recipes",
                                 description="Print a recipe's fairseq flags, shell-quoted on one line.")
     p.add_argument("recipe", choices=("train", "eval", *_NAMED))
-    p.add_argument("dataset", nargs="?", help="with train / eval: " + ", ".join(DATASETS))
+    p.add_argument("dataset", nargs="?", help="with train / eval: " + ", ".join(catalog.DATASETS))
     p.add_argument("--quick", action="store_true", help="the tiny --quick settings")
     p.add_argument("--updates", type=int, help="train: --max-update")
     args = p.parse_args(argv)
@@ -188,8 +173,8 @@ def main(argv=None):
         if args.dataset or args.quick or args.updates:
             p.error(f"{args.recipe} takes no dataset, --quick or --updates")
         flags = _NAMED[args.recipe]
-    elif args.dataset not in DATASETS:
-        p.error(f"{args.recipe} needs a dataset: {', '.join(DATASETS)}")
+    elif args.dataset not in catalog.DATASETS:
+        p.error(f"{args.recipe} needs a dataset: {', '.join(catalog.DATASETS)}")
     elif args.recipe == "train":
         flags = train_recipe(args.dataset, args.quick, args.updates)
     else:

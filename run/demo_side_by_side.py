@@ -2,33 +2,33 @@
 """Train a tiny BET(SF) and a tiny vanilla transformer on Multi30k De->En and print both BLEU scores.
 
 A few minutes on a laptop CPU. The two models share data, sizes, seed and schedule; only the
-decoder self-attention differs (``--arch bet_sf_iwslt`` vs fairseq's ``transformer_iwslt_de_en``,
-both shrunk to the same tiny sizes). Data preparation is preprocess/prepare_multi30k.py's (Moses, joint BPE,
+decoder self-attention differs (``--arch bet_sf_iwslt`` vs ``vanilla_iwslt``, both shrunk to the same tiny
+sizes). Data preparation is preprocess/prepare_multi30k.py's (Moses, joint BPE,
 fairseq-preprocess); training and scoring run fairseq-train and fairseq-generate.
 
   python run/demo_side_by_side.py                       # downloads Multi30k (needs a network)
   python run/demo_side_by_side.py --data-dir DIR        # DIR holds {train,val,test_2016_flickr}.{de,en}[.gz]
 
 Each step is skipped when it already finished in --work-dir with the same inputs and settings, so an
-interrupted run resumes (data steps: preprocess/common.py's markers in WORK_DIR/.done; a changed
---max-train, --max-eval or --bpe-merges redoes them and retrains). Flags: bet_fairseq/recipes.py.
+interrupted run resumes (data steps: preprocess/common.py's markers in WORK_DIR/.done; models:
+``trained.json`` / ``scored.json`` beside the checkpoints, holding the commands and the data they were made
+with). A changed option (--max-update, --lr, --seed, --max-tokens, --warmup, or data options that remake the
+data) retrains, and says so. Flags: bet_fairseq/recipes.py; runs: bet_fairseq/tools/executor.py.
 """
 
 import argparse
 import glob
 import json
 import os
-import re
-import subprocess
+import shlex
 import sys
 import time
 
-import bet_fairseq
-from bet_fairseq import recipes
+from bet_fairseq import catalog, recipes
 from bet_fairseq.files import atomic_write
 from bet_fairseq.preprocess import prepare_multi30k
-
-USER_DIR = bet_fairseq.user_dir()
+from bet_fairseq.preprocess.common import file_digest
+from bet_fairseq.tools import executor, markers
 
 
 def log(msg):
@@ -36,65 +36,52 @@ def log(msg):
 
 
 def fail(msg):
-    sys.exit(f"demo_side_by_side: error: {msg}")
+    print(f"demo_side_by_side: error: {msg}", file=sys.stderr)
+    raise SystemExit(1)
 
 
-def run(cmd, log_path=None):
-    log(" ".join(map(str, cmd)))
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, env=env)
-    if log_path:
-        with atomic_write(log_path) as f:
-            f.write(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        fail(f"{cmd[0]} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc.stdout + proc.stderr
-
-
-def save_json(path, value, **kwargs):
-    with atomic_write(path) as f:
-        json.dump(value, f, **kwargs)
+def data_identity(bin_dir):
+    """What identifies the binarised data a model was trained on: its dictionaries' digests and the sizes
+    of its files (remade data means retraining)."""
+    found = {os.path.basename(p): file_digest(p) for p in sorted(glob.glob(os.path.join(bin_dir, "dict.*.txt")))}
+    found.update({os.path.basename(p): os.path.getsize(p) for p in sorted(glob.glob(os.path.join(bin_dir, "*.bin")))})
+    return found
 
 
 def train_and_score(args, bin_dir, name, arch):
-    """Train (unless a finished training newer than the data exists) and score with fairseq-generate."""
+    """Train and score with fairseq-generate, each step skipped when its marker holds the same settings."""
     save = os.path.join(args.work_dir, "checkpoints", name)
-    ckpt = os.path.join(save, "checkpoint_last.pt")
-    gen_log = os.path.join(save, "generate.log")
-    timing_path = os.path.join(save, "timing.json")
-    os.makedirs(save, exist_ok=True)
-    timing = {}
-    if os.path.exists(timing_path):
-        with open(timing_path, encoding="utf-8") as f:
-            timing = json.load(f)
-    data_time = os.path.getmtime(os.path.join(bin_dir, "dict.en.txt"))
-    stale = os.path.exists(ckpt) and os.path.getmtime(ckpt) < data_time  # made before the data was remade
-    if args.retrain or stale or not (os.path.exists(ckpt) and "train_seconds" in timing):
-        if args.retrain or stale:
-            for old in glob.glob(os.path.join(save, "checkpoint*.pt")):
-                os.remove(old)  # else fairseq-train resumes from checkpoint_last.pt
-        timing = {}
-        save_json(timing_path, timing)  # an interrupted training resumes, but never counts as finished
-        flags = recipes.merge(recipes.DEMO_TRAIN, {"--lr": args.lr, "--warmup-updates": args.warmup,
-                                                   "--max-tokens": args.max_tokens, "--max-update": args.max_update,
-                                                   "--seed": args.seed})
-        started = time.time()
-        run(["fairseq-train", bin_dir, "--user-dir", USER_DIR, "--arch", arch, "--save-dir", save,
-             *recipes.to_argv(flags)], log_path=os.path.join(save, "train.log"))
-        timing["train_seconds"] = round(time.time() - started, 1)
-        save_json(timing_path, timing)
-    if not (os.path.exists(gen_log) and os.path.getmtime(gen_log) > os.path.getmtime(ckpt)):
-        started = time.time()
-        run(["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--path", ckpt, *recipes.to_argv(recipes.DEMO_EVAL)],
-            log_path=gen_log)
-        timing["generate_seconds"] = round(time.time() - started, 1)
-        save_json(timing_path, timing)
-    with open(gen_log, encoding="utf-8") as f:
-        match = re.search(r"BLEU4 = ([\d.]+)", f.read())
-    if not match:
-        fail(f"no BLEU in fairseq-generate output (see {gen_log})")
-    return dict(model=name, arch=arch, bleu=float(match.group(1)), train_seconds=timing.get("train_seconds"),
-                generate_seconds=timing.get("generate_seconds"))
+    flags = recipes.merge(recipes.DEMO_TRAIN, {"--lr": args.lr, "--warmup-updates": args.warmup,
+                                               "--max-tokens": args.max_tokens, "--max-update": args.max_update,
+                                               "--seed": args.seed})
+    job = executor.Job(arch, bin_dir, save, catalog.dataset("multi30k"), flags, recipes.DEMO_EVAL,
+                       checkpoint="checkpoint_last.pt", cpu=True)
+    train_argv, eval_argv = job.commands()
+    data = data_identity(bin_dir)
+    trained_settings = {"train": shlex.join(train_argv), "data": data}
+    scored_settings = {**trained_settings, "eval": shlex.join(eval_argv)}
+    trained_marker, scored_marker = os.path.join(save, "trained.json"), os.path.join(save, "scored.json")
+    timing = None if args.retrain else markers.read(trained_marker, trained_settings, say=log)
+    try:
+        if timing is None:
+            if os.path.isdir(save):
+                if os.path.exists(trained_marker) or glob.glob(os.path.join(save, "checkpoint*.pt")):
+                    log(f"{name}: training again from scratch in {save}")
+                for old in glob.glob(os.path.join(save, "checkpoint*.pt")) + [trained_marker, scored_marker]:
+                    if os.path.exists(old):
+                        os.remove(old)  # else fairseq-train resumes from checkpoint_last.pt
+            log(f"{name}: {shlex.join(train_argv)}")
+            timing = markers.write(trained_marker, executor.train(job), trained_settings)
+        scored = markers.read(scored_marker, scored_settings, say=log)
+        if scored is None:
+            log(f"{name}: {shlex.join(eval_argv)}")
+            result = executor.evaluate(job)
+            scored = markers.write(scored_marker, {"bleu": result["bleu"], "eval_wall_s": result["eval_wall_s"]},
+                                   scored_settings)
+    except executor.RunFailed as exc:
+        fail(str(exc))
+    return dict(model=name, arch=arch, bleu=scored["bleu"], train_seconds=timing["train_wall_s"],
+                generate_seconds=scored["eval_wall_s"], settings=scored_settings)
 
 
 def main(argv=None):
@@ -128,8 +115,8 @@ def main(argv=None):
     n_test = args.max_eval or "all"
     print(f"\nMulti30k De->En test_2016_flickr ({n_test} sentences), {args.max_update} updates each, "
           f"total {total:.0f} s")
-    save_json(os.path.join(args.work_dir, "results.json"),
-              dict(results=results, total_seconds=round(total, 1), args=vars(args)), indent=2)
+    with atomic_write(os.path.join(args.work_dir, "results.json")) as f:
+        json.dump(dict(results=results, total_seconds=round(total, 1), args=vars(args)), f, indent=2)
     return results
 
 

@@ -9,6 +9,7 @@ from fairseq.models.transformer import TransformerModel
 from ..attention import check_variant
 from ..attention.sparse_topk import TRANSLATION_SITES
 from .decoder import VariantTransformerDecoder
+from .defaults import fill, translation_defaults
 from .encoder import VariantTransformerEncoder
 from .options import add_attention_args, upgrade_legacy_options
 
@@ -22,8 +23,6 @@ class VariantTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        from .architectures import fill, translation_defaults
-
         upgrade_legacy_options(args)
         translation_defaults(args)
         if args.self_attn_mode == "sparse_topk":

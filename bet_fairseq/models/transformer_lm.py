@@ -9,6 +9,7 @@ from fairseq.utils import safe_getattr
 
 from ..attention import check_variant
 from .decoder import VariantTransformerDecoder
+from .defaults import lm_defaults
 from .options import AttentionConfig, LegacyAttentionConfig, upgrade_legacy_options
 
 VariantLanguageModelConfig = dataclasses.make_dataclass(
@@ -22,8 +23,6 @@ class VariantTransformerLanguageModel(TransformerLanguageModel):
 
     @classmethod
     def build_model(cls, args, task):
-        from .architectures import lm_defaults
-
         upgrade_legacy_options(args)
         if safe_getattr(args, "self_attn_mode", None) is None:
             args.self_attn_mode = cls.default_mode

@@ -10,7 +10,7 @@ a stream (segment 0), when the batch size changes, and when the model switches t
 Layers are pre-norm with a final LayerNorm, embeddings scaled by sqrt(dim), dropout ``--dropout`` on
 embeddings and sublayer outputs, ``--attention-dropout`` on attention probabilities, like the other LM
 rows (fairseq's transformer_lm); no absolute positions (the relative terms carry position).
-Architectures at the sizes of the other LM rows (``architectures.LM_SIZES``, 6 layers): ``transformer_xl_lm``
+Architectures at the sizes of the other LM rows (the catalog's LM sizes, 6 layers): ``transformer_xl_lm``
 (WikiText-2), ``transformer_xl_lm_wikitext103``, ``transformer_xl_lm_enwik8``.
 
 Generation (fairseq-generate / fairseq-interactive, ``--task language_modeling``) is incremental: each call
@@ -46,7 +46,8 @@ from fairseq.modules.fairseq_dropout import FairseqDropout
 from ..attention.relative import RelativeSelfAttention
 from ..compat import register_help
 from ..tasks.truncated_bptt import TruncatedBPTTLanguageModelingTask
-from .architectures import LM_SIZE_SUFFIX, apply_lm_size
+from .. import catalog
+from .defaults import apply_lm_size, fill
 
 
 @dataclass
@@ -227,16 +228,15 @@ class TransformerXLLanguageModel(FairseqLanguageModel):
 def _register(arch_name, size):
     def architecture(args):
         apply_lm_size(args, size)
-        for name, value in dict(dropout=0.1, attention_dropout=0.0, activation_fn="relu",
-                                share_decoder_input_output_embed=False, mem_len=150).items():
-            if getattr(args, name, None) is None:
-                setattr(args, name, value)
+        fill(args, dropout=0.1, attention_dropout=0.0, activation_fn="relu", share_decoder_input_output_embed=False,
+             mem_len=150)
 
     architecture.__name__ = arch_name
     register_model_architecture("bet_transformer_xl_lm", arch_name)(architecture)
 
 
-for _size, _suffix in LM_SIZE_SUFFIX.items():
-    _register(f"transformer_xl_{_suffix}", _size)
+for _size in catalog.sizes():
+    if _size.kind == "lm":
+        _register(catalog.arch_name("transformer_xl", _size), _size)
 
 register_help("bet-fairseq Transformer-XL (--arch transformer_xl_lm[_wikitext103|_enwik8])", TransformerXLConfig)

@@ -18,7 +18,7 @@ from cli_utils import (
 
 from bet_fairseq.attention import VARIANTS
 from bet_fairseq.attention.relative import RelativeSelfAttention
-from bet_fairseq.models.architectures import ROWS, arch_names, legacy_aliases
+from bet_fairseq import catalog
 from bet_fairseq.models.decoder import self_attention_modules
 from bet_fairseq.models.transformer_xl_lm import TransformerXLLanguageModel
 
@@ -126,7 +126,8 @@ def dicts(tmp_path_factory):
 
 def row_of(arch):
     """The Table 2 row an architecture name stands for (None: a model name, whose default it takes)."""
-    return arch_names().get(legacy_aliases().get(arch, arch), (None, None))[1]
+    row = catalog.row_of_arch(arch)
+    return row.key if row else None
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -145,7 +146,7 @@ def test_every_architecture_name_builds(dicts, arch):
         assert all(type(layer.self_attn) is RelativeSelfAttention for layer in model.decoder.layers)
         return
     row = row_of(arch)
-    settings = dict(ROWS[row], **({"diag_scale": 0.5} if row == "diag_scale" else {})) if row else {}
+    settings = dict(catalog.row(row).attention, **({"diag_scale": 0.5} if row == "diag_scale" else {})) if row else {}
     mode = settings.pop("self_attn_mode", "routing" if arch == "bet_routing_lm" else "vanilla")
     attentions = self_attention_modules(model)
     layers = [0] if row == "localness" else [0, 1]  # localness: the lower half of the 2 layers

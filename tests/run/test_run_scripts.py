@@ -59,21 +59,29 @@ def test_demo_prints_both_bleu_scores(tmp_path):
                 "--max-tokens", "2000"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((work / "results.json").read_text())["results"]
-    assert [r["arch"] for r in results] == ["transformer_iwslt_de_en", "bet_sf_iwslt"]
+    assert [r["arch"] for r in results] == ["vanilla_iwslt", "bet_sf_iwslt"]
     for r in results:
         assert f"| {r['model']} | {r['arch']} | {r['bleu']:.2f} |" in proc.stdout
     with open(work / "tok" / "train.en") as f:
         assert sum(1 for _ in f) == 800
-    generated = (work / "checkpoints" / "bet_sf" / "generate.log").read_text()
+    generated = (work / "checkpoints" / "bet_sf" / "eval.log").read_text()
     assert generated.count("\nH-") == 30, "every test sentence is translated"
-    # A second run reuses everything it already made.
+    # A second run with the same settings reuses everything it already made.
     assert "fairseq-preprocess" in proc.stderr and "fairseq-train" in proc.stdout
-    again = run([sys.executable, "run/demo_side_by_side.py", "--data-dir", data, "--work-dir", str(work),
-                 "--max-train", "800", "--max-eval", "30", "--max-update", "3", "--bpe-merges", "200"])
+    args = [sys.executable, "run/demo_side_by_side.py", "--data-dir", data, "--work-dir", str(work), "--max-train",
+            "800", "--max-eval", "30", "--max-update", "3", "--bpe-merges", "200"]
+    again = run(args + ["--max-tokens", "2000"])
     assert again.returncode == 0
     for tool in ("running", "fairseq-preprocess", "fairseq-train", "fairseq-generate"):
         assert tool not in again.stdout + again.stderr, tool
     assert json.loads((work / "results.json").read_text())["results"][1]["bleu"] == results[1]["bleu"]
+    # Another --max-tokens (or --lr, --seed, --max-update) retrains, says so, and records what it trained with.
+    other = run(args + ["--max-tokens", "1500"])
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert other.stdout.count("made with other settings (train changed)") == 2
+    assert other.stdout.count("training again from scratch") == 2
+    for r in json.loads((work / "results.json").read_text())["results"]:
+        assert "--max-tokens 1500" in r["settings"]["train"]
 
 
 def test_demo_rejects_misaligned_data(tmp_path):

@@ -15,8 +15,7 @@ import torch
 
 from cli_utils import ROOT, require_shared, cli
 
-from bet_fairseq import recipes
-from bet_fairseq.tools.results import rows as R
+from bet_fairseq import catalog, recipes
 from bet_fairseq.tools.results import runner, table
 from bet_fairseq.tools.results.curves import parse_log
 from bet_fairseq.preprocess import prepare_wikitext
@@ -70,8 +69,9 @@ def wikitext_bin(tmp_path_factory):
 @pytest.fixture(scope="module")
 def quick_runs(iwslt_bin, wikitext_bin, tmp_path_factory):
     runs = str(tmp_path_factory.mktemp("runs"))
-    mt_dir, lm_dir = os.path.join(runs, "iwslt", "transformer"), os.path.join(runs, "wt2", "bet_sf")
-    # the console script (fairseq in its process, to spare a start-up on the shared CPUs), then in process
+    mt_dir, lm_dir = os.path.join(runs, "iwslt", "vanilla"), os.path.join(runs, "wt2", "bet_sf")
+    # the console script (fairseq in its process, to spare a start-up on the shared CPUs), then in process;
+    # "transformer" is the row's key of version 0.2, kept as an alias of "vanilla"
     cli("bet-run-row", "--row", "transformer", "--dataset", "iwslt14_de_en", "--data", iwslt_bin,
         "--save-dir", mt_dir, "--quick", "--updates", "4", "--quiet", "--in-process")
     runner.main(["--row", "bet_sf", "--dataset", "wikitext2", "--data", wikitext_bin, "--save-dir", lm_dir,
@@ -83,18 +83,19 @@ def test_quick_runs_write_results(quick_runs, capsys):
     runs, mt_dir, lm_dir = quick_runs
     mt = json.load(open(os.path.join(mt_dir, "result.json")))
     lm = json.load(open(os.path.join(lm_dir, "result.json")))
-    assert (mt["row"], mt["dataset"], mt["arch"], mt["metric"]) == ("transformer", "iwslt14_de_en",
-                                                                    "transformer_iwslt_de_en", "bleu")
+    assert (mt["row"], mt["dataset"], mt["arch"], mt["metric"]) == ("vanilla", "iwslt14_de_en", "vanilla_iwslt",
+                                                                    "bleu")
     assert (lm["row"], lm["dataset"], lm["arch"], lm["metric"]) == ("bet_sf", "wikitext2", "bet_sf_lm", "ppl")
     assert mt["quick"] and lm["quick"] and mt["num_updates"] == lm["num_updates"] == 4
+    assert mt["setting"] == lm["setting"] == "quick"
     assert 0 <= mt["value"] <= 100 and mt["hypotheses"] == N_TEST_MT
     assert abs(lm["value"] - 2 ** lm["loss_base2"]) / lm["value"] < 0.01 and lm["value"] > 1
     for r in (mt, lm):
         assert r["wall_time_s"]["total"] > 0 and "fairseq-train" in r["command"]["train"]
-        assert r["paper_value"] == {"transformer": 35.26, "bet_sf": 52.97}[r["row"]]
+        assert r["paper_value"] == {"vanilla": 35.26, "bet_sf": 52.97}[r["row"]]
     # the checkpoints are what the rows asked for: the row's arch, the tiny quick sizes, the recipe's optimiser
     ckpt = torch.load(os.path.join(mt_dir, "checkpoint_best.pt"), weights_only=False)["cfg"]
-    assert field(ckpt["model"], "arch") == "transformer_iwslt_de_en" and field(ckpt["model"], "encoder_embed_dim") == 32
+    assert field(ckpt["model"], "arch") == "vanilla_iwslt" and field(ckpt["model"], "encoder_embed_dim") == 32
     assert ast.literal_eval(str(ckpt["optimizer"]["adam_betas"])) == (0.9, 0.98)
     assert ckpt["criterion"]["label_smoothing"] == 0.1
     ckpt = torch.load(os.path.join(lm_dir, "checkpoint_best.pt"), weights_only=False)["cfg"]
@@ -105,8 +106,8 @@ def test_quick_runs_write_results(quick_runs, capsys):
     assert f"BLEU4 = {mt['value']:.2f}" in log and "--remove-bpe" in mt["command"]["eval"]
     # a second run is a no-op
     capsys.readouterr()
-    runner.main(["--row", "transformer", "--dataset", "iwslt14_de_en", "--data", mt["data"], "--save-dir", mt_dir,
-                 "--quick"])
+    runner.main(["--row", "vanilla", "--dataset", "iwslt14_de_en", "--data", mt["data"], "--save-dir", mt_dir,
+                 "--quick", "--updates", "4", "--in-process"])
     assert "exists: skipping" in capsys.readouterr().out
 
 
@@ -124,7 +125,7 @@ def test_results_table_and_curves(quick_runs, tmp_path):
     assert columns == ["De-En", "En-De", "WikiText-2", "WikiText-103", "enwik8"]
     assert rows["Transformer"][0] == f"{mt['value']:.2f} (35.26)" and rows["Transformer"][2] == "- (54.53)"
     assert rows["BET(SF)"][2] == f"{lm['value']:.2f} (52.97)" and rows["BET(SF)"][0] == "- (35.85)"
-    assert rows["Transformer-XL"][:2] == ["-", "-"] and len(rows) >= len(R.ROWS) + 1
+    assert rows["Transformer-XL"][:2] == ["-", "-"] and len(rows) >= len(catalog.table2_rows()) + 1
     for name in ("loss_iwslt14_de_en.png", "loss_wikitext2.png"):
         with open(os.path.join(plots, name), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -155,17 +156,18 @@ def test_row_table_matches_the_paper():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         paper[cells[0]] = [None if c == "-" else float(c) for c in cells[1:]]
     assert len(paper) == 12
-    rows = {r.label: r for r in R.ROWS}
+    rows = {r.label: r for r in catalog.table2_rows()}
     assert [label for label in paper if label not in rows] == []
+    columns = [d.key for d in catalog.table2_datasets()]
     for label, numbers in paper.items():
         r = rows[label]
-        assert [r.paper.get(d) for d in R.MT_DATASETS + R.LM_DATASETS] == numbers, r.key
-        assert set(r.archs) == {d for d, v in zip(R.MT_DATASETS + R.LM_DATASETS, numbers) if v is not None}
+        assert [r.paper.get(d) for d in columns] == numbers, r.key
+        assert {d for d in columns if r.covers(d)} == {d for d, v in zip(columns, numbers) if v is not None}
 
 
 # The rows of each dataset and their --arch, as README.md's architecture tables and Table 2 name them.
-MT_ROWS = {"transformer": "transformer_iwslt_de_en", "reduced_diag": "transformer_iwslt_de_en_reduced_diag",
-           "magnified_diag": "transformer_iwslt_de_en_magnified_diag", "diagfree": "transformer_iwslt_de_en_diagfree",
+MT_ROWS = {"vanilla": "vanilla_iwslt", "reduced_diag": "reduced_diag_iwslt", "magnified_diag": "magnified_diag_iwslt",
+           "diagfree": "diagfree_iwslt",
            "hopfield": "hopfield_iwslt", "localness": "localness_iwslt", "sparse_topk": "sparse_topk_iwslt",
            "bet_sg": "bet_sg_iwslt", "bet_sf": "bet_sf_iwslt", "bet_sf_nodiagmask": "bet_sf_nodiagmask_iwslt"}
 LM_ROWS = set(MT_ROWS) | {"transformer_xl", "routing"}  # Transformer-XL and Routing: language modelling only
@@ -228,7 +230,7 @@ def test_dataset_script_runs_the_row_driver(iwslt_bin, tmp_path):
 
 
 def test_full_mode_commands_follow_the_recipes(tmp_path):
-    train, ev = runner.build_commands(R.row("bet_sf"), "iwslt14_de_en", "DATA", str(tmp_path), cpu=False)
+    train, ev = runner.build_commands(catalog.row("bet_sf"), "iwslt14_de_en", "DATA", str(tmp_path), cpu=False)
     text = " ".join(train)
     # fairseq examples/translation/README.md, IWSLT'14 German to English (Transformer)
     for piece in ("--arch bet_sf_iwslt", "--share-decoder-input-output-embed", "--optimizer adam",
@@ -241,13 +243,13 @@ def test_full_mode_commands_follow_the_recipes(tmp_path):
     assert "--cpu" not in text and "--encoder-embed-dim" not in text
     assert " ".join(ev).endswith("--task translation --gen-subset test --beam 5 --batch-size 128 --remove-bpe "
                                  "--required-batch-size-multiple 1")
-    train, ev = runner.build_commands(R.row("transformer_xl"), "enwik8", "DATA", str(tmp_path), cpu=True)
+    train, ev = runner.build_commands(catalog.row("transformer_xl"), "enwik8", "DATA", str(tmp_path), cpu=True)
     assert "--task bet_truncated_bptt_lm" in " ".join(train) and "--sample-break-mode" not in train
     assert "--context-window" not in ev and "--cpu" in ev
-    train, _ = runner.build_commands(R.row("transformer"), "wikitext2", "DATA", str(tmp_path), quick=True)
+    train, _ = runner.build_commands(catalog.row("transformer"), "wikitext2", "DATA", str(tmp_path), quick=True)
     assert train[train.index("--max-update") + 1] == "20"  # docs/data_and_runs.md: quick mode, 20 updates
     assert "--max-epoch" not in train and train[train.index("--decoder-embed-dim") + 1] == "32"
-    train, _ = runner.build_commands(R.row("bet_sf"), "iwslt14_de_en", "DATA", str(tmp_path), cpu=False,
+    train, _ = runner.build_commands(catalog.row("bet_sf"), "iwslt14_de_en", "DATA", str(tmp_path), cpu=False,
                                      arch="transformer_iwslt_de_en")
     assert train[train.index("--arch") + 1] == "transformer_iwslt_de_en" and train.count("--arch") == 1
 
@@ -281,15 +283,15 @@ def test_recipes():
     bench = recipes.BENCH_TRAIN
     assert (bench["--lr"], bench["--warmup-updates"], bench["--dropout"], bench["--weight-decay"]) == (
         5e-4, 4000, 0.3, 0.0001)
-    assert [m for _, m in recipes.SIDE_BY_SIDE] == ["transformer_iwslt_de_en", "bet_sf_iwslt"]
+    assert [m for _, m in recipes.SIDE_BY_SIDE] == ["vanilla_iwslt", "bet_sf_iwslt"]
 
 
 def test_clear_errors(tmp_path, iwslt_bin, monkeypatch, capsys):
-    fake = dataclasses.replace(R.row("hopfield"), key="fake", archs={"iwslt14_de_en": "no_such_arch_iwslt"})
-    monkeypatch.setattr(R, "ROWS", R.ROWS + [fake])
+    fake = dataclasses.replace(catalog.row("hopfield"), key="no_such_arch")  # named no_such_arch_iwslt, unregistered
+    monkeypatch.setitem(catalog.ROWS, "no_such_arch", fake)
     args = ["--dataset", "iwslt14_de_en", "--data", iwslt_bin, "--save-dir", str(tmp_path / "s")]
     with pytest.raises(SystemExit):
-        runner.main(["--row", "fake", *args])
+        runner.main(["--row", "no_such_arch", *args])
     assert "not available: architecture 'no_such_arch_iwslt' is not registered" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         runner.main(["--row", "transformer_xl", *args])
@@ -311,11 +313,11 @@ def test_bet_sg_lm_selects_on_the_language_model_loss_and_txl_memory_covers_a_se
     """BET(SG)'s validation loss includes lambda_p * L_p: checkpoint_best and --patience must use the LM loss
     alone (nll_loss). Transformer-XL's memory is at least one segment long and its evaluation uses same_length
     and clamp_len, as in its reference code."""
-    for dataset in R.LM_DATASETS:
-        train, _ = runner.build_commands(R.row("bet_sg"), dataset, str(tmp_path), str(tmp_path / "s"), cpu=True)
+    for dataset in [d.key for d in catalog.table2_datasets() if d.kind == "lm"]:
+        train, _ = runner.build_commands(catalog.row("bet_sg"), dataset, str(tmp_path), str(tmp_path / "s"), cpu=True)
         assert train[train.index("--best-checkpoint-metric") + 1] == "nll_loss"
         assert "--maximize-best-checkpoint-metric" not in train
-        train, ev = runner.build_commands(R.row("transformer_xl"), dataset, str(tmp_path), str(tmp_path / "s"), cpu=True)
+        train, ev = runner.build_commands(catalog.row("transformer_xl"), dataset, str(tmp_path), str(tmp_path / "s"), cpu=True)
         assert int(train[train.index("--mem-len") + 1]) >= int(train[train.index("--tokens-per-sample") + 1])
         # and it is evaluated as the reference code evaluates: same_length, clamp_len
         overrides = ast.literal_eval(ev[ev.index("--model-overrides") + 1])

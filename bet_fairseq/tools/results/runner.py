@@ -15,18 +15,13 @@ output in SAVE_DIR/eval.log.
 
 import argparse
 import datetime
-import json
 import os
-import re
 import shlex
-import shutil
-import subprocess
 import sys
-import time
 
-from bet_fairseq import recipes
+from bet_fairseq import catalog, recipes
 from bet_fairseq.files import atomic_write
-from . import rows as R
+from bet_fairseq.tools import executor, markers
 
 
 class RowError(SystemExit):
@@ -38,7 +33,7 @@ class RowError(SystemExit):
 
 def availability(row, dataset, arch=None):
     """None when the row can run on this dataset (with ``arch`` instead of its own), else the reason it cannot."""
-    if dataset not in row.archs:
+    if not row.covers(dataset):
         return f"row {row.key!r} ({row.label}) has no {dataset} entry in Table 2"
     import bet_fairseq
 
@@ -47,8 +42,8 @@ def availability(row, dataset, arch=None):
     from fairseq.models import ARCH_MODEL_REGISTRY
     from fairseq.tasks import TASK_REGISTRY
 
-    arch = arch or row.archs[dataset]
-    kind = R.DATASETS[dataset].kind
+    arch = arch or row.arch(dataset)
+    kind = catalog.dataset(dataset).kind
     if arch not in ARCH_MODEL_REGISTRY:
         return f"row {row.key!r} on {dataset} is not available: architecture {arch!r} is not registered"
     flags = row.train_flags.get(kind, {})
@@ -61,7 +56,7 @@ def availability(row, dataset, arch=None):
 
 
 def check_data(row, dataset, data):
-    ds = R.DATASETS[dataset]
+    ds = catalog.dataset(dataset)
     if not os.path.isdir(data):
         raise RowError(f"--data {data} is not a folder; make it with: {ds.prepare}")
     if ds.kind == "mt":
@@ -81,171 +76,41 @@ def check_data(row, dataset, data):
                            "(TEXT: the BPE text folder the data was binarised from)")
 
 
-def has_cuda():
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # pragma: no cover
-        return False
-
-
-def fairseq_command(name):
-    exe = os.path.join(os.path.dirname(sys.executable), name)
-    if os.path.exists(exe):
-        return [exe]
-    found = shutil.which(name)
-    if found:
-        return [found]
-    module = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate",
-              "fairseq-eval-lm": "fairseq_cli.eval_lm"}[name]
-    return [sys.executable, "-m", module]
+def row_job(row, dataset, data, save_dir, quick=False, updates=None, extra=(), cpu=None, arch=None,
+            user_dir=None) -> executor.Job:
+    """One row on one dataset: the dataset's recipe, then the row's flags."""
+    ds = catalog.dataset(dataset)
+    row_train, row_eval = row.train_flags.get(ds.kind, {}), row.eval_flags.get(ds.kind, {})
+    train = recipes.merge(recipes.train_recipe(dataset, quick, updates), row_train)
+    if quick and row_train.get("--sample-break-mode") == "eos":
+        train["--tokens-per-sample"] = 256  # one sentence a sample: the quick 64-token blocks would drop most
+    job = executor.Job(arch or row.arch(dataset), data, save_dir, ds, train,
+                       recipes.merge(recipes.eval_recipe(dataset, quick), row_eval), extra_train=list(extra),
+                       user_dir=user_dir)
+    if cpu is not None:
+        job.cpu = cpu
+    return job
 
 
 def build_commands(row, dataset, data, save_dir, quick=False, updates=None, extra=(), user_dir=None, cpu=None,
                    arch=None):
-    """(train argv, eval argv) for one row on one dataset: the dataset's recipe, then the row's flags."""
-    import bet_fairseq
-
-    kind = R.DATASETS[dataset].kind
-    user_dir = user_dir or bet_fairseq.user_dir()
-    cpu = (not has_cuda()) if cpu is None else cpu
-    row_train, row_eval = row.train_flags.get(kind, {}), row.eval_flags.get(kind, {})
-    train = recipes.merge(recipes.train_recipe(dataset, quick, updates), row_train)
-    ev = recipes.merge(recipes.eval_recipe(dataset, quick), row_eval)
-    if quick and row_train.get("--sample-break-mode") == "eos":
-        train["--tokens-per-sample"] = 256  # one sentence a sample: the quick 64-token blocks would drop most
-    if cpu:
-        train["--cpu"] = ev["--cpu"] = True
-    ckpt = os.path.join(save_dir, "checkpoint_best.pt")
-    arch = arch or row.archs[dataset]
-    train_argv = (fairseq_command("fairseq-train") + [data, "--user-dir", user_dir, "--arch", arch,
-                                                       "--save-dir", save_dir] + recipes.to_argv(train) + list(extra))
-    tool = "fairseq-generate" if kind == "mt" else "fairseq-eval-lm"
-    eval_argv = fairseq_command(tool) + [data, "--user-dir", user_dir, "--path", ckpt] + recipes.to_argv(ev)
-    return train_argv, eval_argv
+    """(train argv, eval argv) for one row on one dataset."""
+    return row_job(row, dataset, data, save_dir, quick, updates, extra, cpu, arch, user_dir).commands()
 
 
-def run_logged(argv, log_path, echo=True):
-    """Run argv, writing stdout+stderr to log_path (and to our stdout when echo); returns (rc, seconds)."""
-    start = time.time()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("OMP_NUM_THREADS", "1" if not has_cuda() else env.get("OMP_NUM_THREADS", "4"))
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"# {datetime.datetime.now().isoformat(timespec='seconds')} {shlex.join(argv)}\n")
-        log.flush()
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        for line in proc.stdout:
-            log.write(line)
-            if echo:
-                sys.stdout.write(line)
-        rc = proc.wait()
-    return rc, time.time() - start
-
-
-_MODULES = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate",
-            "fairseq-eval-lm": "fairseq_cli.eval_lm"}
-
-
-def run_in_process(argv, log_path, echo=True):
-    """Like run_logged, but calls the fairseq CLI's cli_main in this process (no start-up cost)."""
-    import contextlib
-    import importlib
-    import logging
-
-    tool = next((t for t in _MODULES if os.path.basename(argv[0]) == t or t in argv[:3]), None)
-    args = argv[1:] if argv[0] != sys.executable else argv[3:]
-    module = importlib.import_module(_MODULES[tool])
-    start = time.time()
-    rc = 0
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"# {datetime.datetime.now().isoformat(timespec='seconds')} {shlex.join(argv)} (in process)\n")
-        handler = logging.StreamHandler(log)
-        handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-                                               datefmt="%Y-%m-%d %H:%M:%S"))
-        root = logging.getLogger()
-        old_argv, old_level = sys.argv, root.level
-        root.addHandler(handler)
-        root.setLevel(logging.INFO)
-        sys.argv = [tool, *args]
-        # fairseq keeps the best validation loss seen so far on a function attribute; an earlier
-        # run in this process would otherwise decide whether this one writes checkpoint_best.pt.
-        from fairseq import checkpoint_utils
-
-        if hasattr(checkpoint_utils.save_checkpoint, "best"):
-            del checkpoint_utils.save_checkpoint.best
-        try:
-            with contextlib.redirect_stdout(log):
-                module.cli_main()
-        except SystemExit as exc:
-            rc = exc.code if isinstance(exc.code, int) else 1
-        except Exception:
-            import traceback
-
-            traceback.print_exc(file=log)
-            rc = 1
-        finally:
-            sys.argv = old_argv
-            root.removeHandler(handler)
-            root.setLevel(old_level)
-    return rc, time.time() - start
-
-
-def parse_bleu(text):
-    m = re.search(r"BLEU4 = ([\d.]+)", text)
-    return float(m.group(1)) if m else None
-
-
-def detokenised(text, lang):
-    """(hypotheses, references) of fairseq-generate output (H-/T- lines), Moses-detokenised, in test-set order."""
-    from sacremoses import MosesDetokenizer
-
-    md = MosesDetokenizer(lang)
-    hyps, refs = {}, {}
-    for line in text.splitlines():
-        m = re.match(r"^([HT])-(\d+)\t(.*)$", line)
-        if not m:
-            continue
-        kind, idx, rest = m.groups()
-        if kind == "H":
-            rest = rest.split("\t", 1)[1] if "\t" in rest else ""
-            hyps[int(idx)] = md.detokenize(rest.split())
-        else:
-            refs[int(idx)] = md.detokenize(rest.split())
-    ids = sorted(set(hyps) & set(refs))
-    return [hyps[i] for i in ids], [refs[i] for i in ids]
-
-
-def sacrebleu_detok(text, target_lang):
-    """sacreBLEU of the Moses-detokenised hypotheses (H-) against the detokenised references (T-)."""
-    import sacrebleu
-
-    hyps, refs = detokenised(text, target_lang)
-    if not hyps:
-        return None
-    return round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
-
-
-def parse_eval_lm(text):
-    m = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)", text)
-    return (float(m.group(1)), float(m.group(2))) if m else (None, None)
-
-
-def last_num_updates(log_path):
-    n = None
-    with open(log_path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            m = re.search(r'"(?:train_|valid_)?num_updates": "?(\d+)', line)
-            if m:
-                n = int(m.group(1))
-    return n
+def setting(args):
+    """"paper" (the recipe as it is), "quick" (--quick) or "modified" (--updates, --arch or fairseq-train
+    arguments after --): only "paper" results stand beside the paper's numbers in ``bet-results``."""
+    if args.quick:
+        return "quick"
+    return "modified" if (args.updates or args.arch or args.extra) else "paper"
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="bet-run-row", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--row", help="Table 2 row key (--list shows them)")
-    p.add_argument("--dataset", choices=sorted(R.DATASETS), help="dataset column")
+    p.add_argument("--dataset", choices=[d.key for d in catalog.table2_datasets()], help="dataset column")
     p.add_argument("--data", help="the binarised data folder (fairseq-preprocess output)")
     p.add_argument("--save-dir", help="checkpoints, train.log, eval.log and result.json go here")
     p.add_argument("--quick", action="store_true", default=os.environ.get("BET_QUICK", "") not in ("", "0"),
@@ -285,17 +150,13 @@ def parse_args(argv=None):
     return args
 
 
-def rows_of(dataset):
-    return [r for r in R.ROWS if dataset in r.archs]
-
-
 def from_script(parser, args):
     """``run/<dataset>.sh ROW DATA_BIN SAVE_DIR [options]``: fill --row/--data/--save-dir from the
     positionals; without them, or with a row the dataset does not have, print the script's usage and
     the dataset's rows and exit 2."""
     if args.dataset is None or args.row or args.data or args.save_dir:
         parser.error("--script goes with --dataset and ROW DATA_BIN SAVE_DIR (not --row/--data/--save-dir)")
-    given, rows = args.positional, rows_of(args.dataset)
+    given, rows = args.positional, catalog.rows_on(args.dataset)
     if args.list and not given:
         return
     if len(given) == 3 and given[0] in {r.key for r in rows}:
@@ -308,12 +169,12 @@ def from_script(parser, args):
         problem = "ROW, DATA_BIN and SAVE_DIR are all needed"
     elif given:
         problem = f"{args.dataset} has no row {given[0]!r}"
-    ds = R.DATASETS[args.dataset]
+    ds = catalog.dataset(args.dataset)
     lines = [f"usage: {args.script} ROW DATA_BIN SAVE_DIR [--quick] [bet-run-row options] [-- fairseq-train args]"]
     lines += [f"error: {problem}"] if problem else []
     lines += [f"Table 2 rows on {ds.column} ({args.dataset}):"]
-    width = max(len(r.archs[args.dataset]) for r in rows)
-    lines += [f"  {r.key:18s} --arch {r.archs[args.dataset]:{width}s}  {r.label}" for r in rows]
+    width = max(len(r.arch(args.dataset)) for r in rows)
+    lines += [f"  {r.key:18s} --arch {r.arch(args.dataset):{width}s}  {r.label}" for r in rows]
     lines += [f"DATA_BIN: {ds.prepare}",
               "bet-run-row options (--quick, --updates N, --dry-run, --force, ...): python run/table2.py --help"]
     print("\n".join(lines), file=sys.stderr)
@@ -321,80 +182,66 @@ def from_script(parser, args):
 
 
 def list_rows(dataset=None):
-    for r in R.ROWS:
-        for d in R.MT_DATASETS + R.LM_DATASETS:
-            if d in r.archs and dataset in (None, d):
-                why = availability(r, d)
-                print(f"{r.key:18s} {d:14s} {r.archs[d]:32s} {'available' if why is None else 'NOT AVAILABLE'}")
+    for r in catalog.table2_rows():
+        for d in catalog.table2_datasets():
+            if r.covers(d.key) and dataset in (None, d.key):
+                why = availability(r, d.key)
+                print(f"{r.key:18s} {d.key:14s} {r.arch(d.key):32s} {'available' if why is None else 'NOT AVAILABLE'}")
 
 
 def run_row(args):
     try:
-        row = R.row(args.row)
+        row = catalog.row(args.row)
     except KeyError as exc:
         raise RowError(exc.args[0])
     if args.arch:  # another row's architecture on this dataset runs that row (its settings, its result)
-        row = next((r for r in R.ROWS if r.archs.get(args.dataset) == args.arch), row)
+        named = catalog.row_of_arch(args.arch)
+        row = named if named is not None and named.covers(args.dataset) else row
     why = availability(row, args.dataset, args.arch)
     if why:
         raise RowError(why)
     data, save_dir = os.path.abspath(args.data), os.path.abspath(args.save_dir)
     check_data(row, args.dataset, data)
     result_path = os.path.join(save_dir, "result.json")
-    if os.path.exists(result_path) and not (args.force or args.eval_only or args.dry_run):
-        print(f"{result_path} exists: skipping (--force to run again)")
-        with open(result_path, encoding="utf-8") as f:
-            return json.load(f)
-    train_argv, eval_argv = build_commands(row, args.dataset, data, save_dir, args.quick, args.updates, args.extra,
-                                           cpu=args.cpu, arch=args.arch)
+    job = row_job(row, args.dataset, data, save_dir, args.quick, args.updates, args.extra, cpu=args.cpu, arch=args.arch)
+    train_argv, eval_argv = job.commands()
     if args.dry_run:
         print(shlex.join(train_argv))
         print(shlex.join(eval_argv))
         return None
-    os.makedirs(save_dir, exist_ok=True)
+    settings = {"train": shlex.join(train_argv), "eval": shlex.join(eval_argv)}
+    if os.path.exists(result_path) and not (args.force or args.eval_only):
+        done = markers.read(result_path, settings, say=lambda m: print(m, file=sys.stderr))
+        if done is not None:
+            print(f"{result_path} exists: skipping (--force to run again)")
+            return done
+    ds = catalog.dataset(args.dataset)
+    run = {"in_process": args.in_process, "echo": not args.quiet}
+    timing = {"train_wall_s": 0.0}
+    try:
+        if not args.eval_only:
+            timing = executor.train(job, **run)
+        scored = executor.evaluate(job, **run)
+    except executor.RunFailed as exc:
+        raise RowError(str(exc))
     train_log, eval_log = os.path.join(save_dir, "train.log"), os.path.join(save_dir, "eval.log")
-    run = run_in_process if args.in_process else run_logged
-    train_s = 0.0
-    if not args.eval_only:
-        rc, train_s = run(train_argv, train_log, echo=not args.quiet)
-        if rc != 0:
-            raise RowError(f"fairseq-train failed (exit {rc}); see {train_log}", code=rc)
-    ckpt = os.path.join(save_dir, "checkpoint_best.pt")
-    if not os.path.exists(ckpt):
-        raise RowError(f"no checkpoint {ckpt} to evaluate")
-    if os.path.exists(eval_log):
-        os.remove(eval_log)
-    rc, eval_s = run(eval_argv, eval_log, echo=not args.quiet)
-    with open(eval_log, encoding="utf-8", errors="replace") as f:
-        eval_text = f.read()
-    if rc != 0:
-        raise RowError(f"evaluation failed (exit {rc}); see {eval_log}", code=rc)
-    ds = R.DATASETS[args.dataset]
-    extra = {}
-    if ds.kind == "mt":
-        value = parse_bleu(eval_text)
-        extra["sacrebleu_detok"] = sacrebleu_detok(eval_text, ds.target)
-        extra["hypotheses"] = len(re.findall(r"^H-\d+\t", eval_text, re.M))
-    else:
-        loss2, ppl = parse_eval_lm(eval_text)
-        value = loss2 if ds.metric == "bpc" else ppl
-        extra.update(loss_base2=loss2, perplexity=ppl)
-    if value is None:
-        raise RowError(f"no {ds.metric} found in {eval_log}")
+    extra = ({"sacrebleu_detok": scored["sacrebleu"], "hypotheses": scored["sentences"]} if ds.kind == "mt"
+             else {"loss_base2": scored["loss_base2"], "perplexity": scored["ppl"]})
+    train_s, eval_s = timing["train_wall_s"], scored["eval_wall_s"]
     result = {
         "row": row.key, "row_label": row.label, "dataset": args.dataset, "column": ds.column,
-        "arch": args.arch or row.archs[args.dataset], "metric": ds.metric, "value": value,
-        "paper_value": row.paper.get(args.dataset), "quick": bool(args.quick),
-        "num_updates": last_num_updates(train_log) if os.path.exists(train_log) else None,
-        "command": {"train": shlex.join(train_argv), "eval": shlex.join(eval_argv)},
-        "wall_time_s": {"train": round(train_s, 1), "eval": round(eval_s, 1), "total": round(train_s + eval_s, 1)},
-        "data": data, "checkpoint": ckpt, "train_log": train_log, "eval_log": eval_log,
+        "arch": job.arch, "metric": ds.metric, "value": scored["value"],
+        "paper_value": row.paper.get(args.dataset), "quick": bool(args.quick), "setting": setting(args),
+        "num_updates": executor.last_num_updates(train_log) if os.path.exists(train_log) else None,
+        "command": settings,
+        "wall_time_s": {"train": train_s, "eval": eval_s, "total": round(train_s + eval_s, 1)},
+        "data": data, "checkpoint": job.checkpoint_path, "train_log": train_log, "eval_log": eval_log,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **extra,
     }
-    with atomic_write(result_path) as f:
-        json.dump(result, f, indent=1)
-    print(f"{row.label} on {ds.column}: {ds.metric} = {value} (paper {row.paper.get(args.dataset)}) -> {result_path}")
+    markers.write(result_path, result, settings)
+    print(f"{row.label} on {ds.column}: {ds.metric} = {scored['value']} (paper {row.paper.get(args.dataset)}) "
+          f"-> {result_path}")
     return result
 
 

@@ -9,11 +9,10 @@ import json
 import os
 import sys
 
+from bet_fairseq import catalog
 from bet_fairseq.files import atomic_write
-from . import rows as R
 
-COLUMNS = R.MT_DATASETS + R.LM_DATASETS
-BETTER = {"bleu": "higher", "ppl": "lower", "bpc": "lower"}
+COLUMNS = [d.key for d in catalog.table2_datasets()]
 
 
 def find_results(paths):
@@ -47,11 +46,16 @@ def load_results(paths):
     return results
 
 
+def setting(result) -> str:
+    """"paper", "quick" or "modified" (results of version 0.2 record only ``quick``)."""
+    return result.get("setting") or ("quick" if result.get("quick") else "paper")
+
+
 def pick(results):
-    """One result per (row, dataset): full runs before quick ones, then the latest."""
+    """One result per (row, dataset): runs of the paper's setting before the others, then the latest."""
     best = {}
-    for r in sorted(results, key=lambda r: (not r.get("quick", False), r.get("date", ""))):
-        best[r["row"], r["dataset"]] = r
+    for r in sorted(results, key=lambda r: (setting(r) == "paper", r.get("date", ""))):
+        best[catalog.ROW_ALIASES.get(r["row"], r["row"]), r["dataset"]] = r
     return best
 
 
@@ -63,34 +67,37 @@ def fmt(value, metric):
 
 def markdown(results, all_rows=True):
     chosen = pick(results)
-    quick = any(r.get("quick") for r in chosen.values())
     lines = []
-    if quick:
-        n = sorted({r.get("num_updates") for r in chosen.values() if r.get("quick")} - {None})
+    if any(setting(r) == "quick" for r in chosen.values()):
+        n = sorted({r.get("num_updates") for r in chosen.values() if setting(r) == "quick"} - {None})
         lines.append(f"Quick mode (tiny models, {', '.join(map(str, n)) or 'a few'} updates, small slices): "
                      "a smoke test, NOT comparable with the paper's numbers.\n")
-    header = ["system"] + [R.DATASETS[d].column for d in COLUMNS]
+    modified = sorted(f"{k} on {d}" for (k, d), r in chosen.items() if setting(r) == "modified")
+    if modified:
+        lines.append(f"Modified settings (--updates, --arch or extra fairseq-train arguments) for {', '.join(modified)}: "
+                     "NOT the paper's setting, NOT comparable with its numbers.\n")
+    header = ["system"] + [catalog.dataset(d).column for d in COLUMNS]
     lines.append("Cells: ours (paper). BLEU: higher is better; perplexity (WikiText) and bits per character "
                  "(enwik8): lower is better; '-' not run / not in the paper.\n")
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
-    known = {r.key for r in R.ROWS}
-    keys = [r.key for r in R.ROWS] + sorted({k for k, _ in chosen} - known)
+    known = [r.key for r in catalog.table2_rows()]
+    keys = known + sorted({k for k, _ in chosen} - set(known))
     for key in keys:
-        row = next((r for r in R.ROWS if r.key == key), None)
+        row = catalog.ROWS.get(key)
         if not all_rows and not any((key, d) in chosen for d in COLUMNS):
             continue
         label = row.label if row else key
         cells = []
         for d in COLUMNS:
-            metric = R.DATASETS[d].metric
+            metric = catalog.dataset(d).metric
             paper = row.paper.get(d) if row else None
             r = chosen.get((key, d))
             ours = fmt(r["value"], metric) if r else "-"
             cells.append(f"{ours} ({fmt(paper, metric)})" if paper is not None else ours)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("| row | dataset | arch | metric | ours | paper | updates | train s | eval s | quick | result |")
+    lines.append("| row | dataset | arch | metric | ours | paper | updates | train s | eval s | setting | result |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for (key, d), r in sorted(chosen.items(), key=lambda kv: (keys.index(kv[0][0]), COLUMNS.index(kv[0][1])
                                                                if kv[0][1] in COLUMNS else 99)):
@@ -98,7 +105,7 @@ def markdown(results, all_rows=True):
         extra = f" (sacreBLEU {r['sacrebleu_detok']})" if r.get("sacrebleu_detok") is not None else ""
         lines.append(f"| {key} | {d} | {r.get('arch', '')} | {r['metric']} | {fmt(r['value'], r['metric'])}{extra} | "
                      f"{fmt(r.get('paper_value'), r['metric'])} | {r.get('num_updates', '')} | {wall.get('train', '')} | "
-                     f"{wall.get('eval', '')} | {'yes' if r.get('quick') else 'no'} | {r['_path']} |")
+                     f"{wall.get('eval', '')} | {setting(r)} | {r['_path']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -116,7 +123,7 @@ def plot(results, plot_dir):
             runs.append((r.get("row_label", key), parse_log(log)))
         if runs:
             written.append(plot_curves(runs, os.path.join(plot_dir, f"loss_{d}.png"),
-                                       f"{R.DATASETS[d].column}: loss curves"))
+                                       f"{catalog.dataset(d).column}: loss curves"))
     return written
 
 

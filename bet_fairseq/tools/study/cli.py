@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
+from bet_fairseq import catalog
 from bet_fairseq.files import atomic_write
 from . import plan as P
 
@@ -78,12 +79,12 @@ def describe(args, runs, work):
     sc = P.SCALE_TABLE[args.scale]
     done = [r for r in runs if U.done(work, r)]
     left = [r for r in runs if not U.done(work, r)]
-    datasets = sorted({r.dataset for r in runs}, key=list(P.DATASETS).index)
+    datasets = sorted({r.dataset for r in runs}, key=list(catalog.DATASETS).index)
     print(f"bet-reproduce --scale {args.scale}: {sc.description}")
     for d in datasets:
-        per_row = ", ".join(f"{row} x{sum(1 for r in runs if r.dataset == d and r.row == row)}" for row in P.STUDY
+        per_row = ", ".join(f"{row} x{sum(1 for r in runs if r.dataset == d and r.row == row)}" for row in P.ALL_ROWS
                             if any(r.dataset == d and r.row == row for r in runs))
-        print(f"  {P.DATASETS[d].label}: {per_row}; ~{sc.seconds_per_run[d] / 60:.0f} min a run"
+        print(f"  {catalog.dataset(d).label}: {per_row}; ~{sc.seconds_per_run[catalog.dataset(d).kind] / 60:.0f} min a run"
               f" ({'one GPU' if sc.device == 'gpu' else 'one CPU thread'})")
     total = P.expected_seconds(args.scale, runs, args.jobs)
     rest = P.expected_seconds(args.scale, left, args.jobs, prepare=bool(left))
@@ -105,14 +106,14 @@ def _prepare_data(args, runs, work):
         with open(record_path, encoding="utf-8") as f:
             record = json.load(f)
     bins = {}
-    for d in sorted({r.dataset for r in runs}, key=list(P.DATASETS).index):
+    for d in sorted({r.dataset for r in runs}, key=list(catalog.DATASETS).index):
         hints = any(r.row == "bet_sg" for r in runs if r.dataset == d)
         start = time.time()
-        print(f"[data] {P.DATASETS[d].label}: preparing in {work}", flush=True)
-        bins[d] = data.prepare(d, work, args.data_dir, sc.data[d], hints=hints)
+        print(f"[data] {catalog.dataset(d).label}: preparing in {work}", flush=True)
+        bins[d] = data.prepare(d, work, args.data_dir, sc.data[catalog.dataset(d).kind], hints=hints)
         took = time.time() - start
         record[d] = round(record.get(d, 0.0) + took, 1)
-        print(f"[data] {P.DATASETS[d].label}: {bins[d]} ({took:.0f} s)", flush=True)
+        print(f"[data] {catalog.dataset(d).label}: {bins[d]} ({took:.0f} s)", flush=True)
     os.makedirs(work, exist_ok=True)
     with atomic_write(record_path) as f:
         json.dump(record, f, indent=1)
@@ -138,9 +139,9 @@ def execute(args, runs, work, bins):
             left.remove(run)
             if error is None and not skipped:
                 state["measured"] += U.run_seconds(record)
-                state["estimated"] += sc.seconds_per_run[run.dataset]
+                state["estimated"] += sc.seconds_per_run[catalog.dataset(run.dataset).kind]
             factor = state["measured"] / state["estimated"] if state["estimated"] else 1.0
-            eta = sum(sc.seconds_per_run[r.dataset] for r in left) * factor / args.jobs
+            eta = sum(sc.seconds_per_run[catalog.dataset(r.dataset).kind] for r in left) * factor / args.jobs
             if error is not None:
                 what = f"FAILED: {error}"
             else:

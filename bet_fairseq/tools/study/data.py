@@ -106,5 +106,7 @@ PREPARE = {"multi30k": prepare_multi30k, "wikitext2": prepare_wikitext2}
 
 
 def prepare(dataset, work, data_dir, sizes, hints=True):
+    if dataset not in PREPARE:
+        raise DataError(f"the study cannot prepare {dataset!r} yet: add its preparation to PREPARE in {__file__}")
     sys.stdout.flush()
     return PREPARE[dataset](work, data_dir, sizes, hints)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from bet_fairseq.files import atomic_write
-from ..results import rows as R
+from bet_fairseq import catalog
 from . import plan as P
 from . import runs as U
 from . import stats as S
@@ -74,7 +74,7 @@ def verdict(diff, metric):
 def summarise(records, scale):
     """Per dataset and metric: per row the values by seed, their interval, the paired difference."""
     out = {}
-    for dkey, ds in P.DATASETS.items():
+    for dkey, ds in catalog.DATASETS.items():
         recs = [r for r in records if r["dataset"] == dkey]
         if not recs:
             continue
@@ -82,7 +82,7 @@ def summarise(records, scale):
         per_metric = {}
         for metric in metrics:
             by_row = {}
-            for row in P.STUDY:
+            for row in P.ALL_ROWS:
                 values = {r["seed"]: r[metric] for r in recs if r["row"] == row and r.get(metric) is not None}
                 if values:
                     by_row[row] = {"values": {str(s): v for s, v in sorted(values.items())},
@@ -93,8 +93,8 @@ def summarise(records, scale):
                     mine = {int(s): v for s, v in entry["values"].items()}
                     entry["diff"] = S.paired_difference(mine, base)
                     entry["verdict"] = verdict(entry["diff"], metric)
-                paper = R.row(row).paper.get(ds.paper)
-                paper_base = R.row(P.BASELINE).paper.get(ds.paper)
+                paper = catalog.row(row).paper.get(ds.paper)
+                paper_base = catalog.row(P.BASELINE).paper.get(ds.paper)
                 entry["paper"] = paper if ds.paper_comparable else None
                 entry["paper_diff"] = None if paper is None or paper_base is None else round(paper - paper_base, 2)
             per_metric[metric] = by_row
@@ -170,8 +170,8 @@ def plot_curves(records, out):
     from ..results.curves import parse_log, plot_curves as draw
 
     paths = []
-    for dkey, ds in P.DATASETS.items():
-        recs = sorted((r for r in records if r["dataset"] == dkey), key=lambda r: (list(P.STUDY).index(r["row"]),
+    for dkey, ds in catalog.DATASETS.items():
+        recs = sorted((r for r in records if r["dataset"] == dkey), key=lambda r: (P.ALL_ROWS.index(r["row"]),
                                                                                   r["seed"]))
         curves = [(f"{r['row_label']} seed {r['seed']}", parse_log(os.path.join(r["dir"], "train.log")))
                   for r in recs if os.path.exists(os.path.join(r["dir"], "train.log"))]
@@ -186,13 +186,13 @@ def plot_bars(summary, out):
     from ..figures import pyplot, save_png
 
     plt = pyplot()
-    panels = [(d, m) for d in summary for m in (["bleu"] if P.DATASETS[d].kind == "mt" else ["ppl"])]
+    panels = [(d, m) for d in summary for m in (["bleu"] if catalog.dataset(d).kind == "mt" else ["ppl"])]
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, (dkey, metric) in zip(axes[0], panels):
         by_row = summary[dkey][metric]
-        rows = [r for r in P.STUDY if r in by_row]
+        rows = [r for r in P.ALL_ROWS if r in by_row]
         means = [by_row[r]["ci"]["mean"] for r in rows]
         errs = [by_row[r]["ci"]["half_width"] or 0.0 for r in rows]
         ax.bar(range(len(rows)), means, yerr=errs, capsize=6, color="#9ecae1", edgecolor="#3182bd")
@@ -200,13 +200,13 @@ def plot_bars(summary, out):
             vals = list(by_row[r]["values"].values())
             ax.plot([i] * len(vals), vals, "k.", alpha=0.6)
         ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([R.row(r).label for r in rows], rotation=15, fontsize=8)
+        ax.set_xticklabels([catalog.row(r).label for r in rows], rotation=15, fontsize=8)
         ax.set_ylabel(metric.upper() if metric == "bleu" else "perplexity")
         lo = min(v - e for v, e in zip(means, errs))
         hi = max(v + e for v, e in zip(means, errs))
         pad = max(hi - lo, 1e-6) * 0.5
         ax.set_ylim(lo - pad, hi + pad)
-        ax.set_title(f"{P.DATASETS[dkey].label}: mean, 95% CI (t), seeds as dots", fontsize=9)
+        ax.set_title(f"{catalog.dataset(dkey).label}: mean, 95% CI (t), seeds as dots", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return save_png(fig, os.path.join(out, "bars.png"))
@@ -223,7 +223,7 @@ def _table1_md(t1, kind):
     lines.append("|---|---|" + "---|" * n)
     for row, res in t1.items():
         for matrix, layers in res["matrices"].items():
-            name = R.row(row).label + (" (first pass A)" if matrix == "first_pass" else
+            name = catalog.row(row).label + (" (first pass A)" if matrix == "first_pass" else
                                        " (A')" if row == "bet_sf" else "")
             for stat in ("CA", "HA_mean", "Ratio"):
                 cells = [_f(layer[stat], 4 if stat != "Ratio" else 2) if layer else "-" for layer in layers]
@@ -240,7 +240,7 @@ def markdown(data):
     scale, summary, records = data["scale"], data["summary"], data["runs"]
     sc = P.SCALE_TABLE[scale]
     m = data["machine"]
-    L = [f"# Reproduction study: {', '.join(P.DATASETS[d].label for d in summary)} ({scale} scale)", "",
+    L = [f"# Reproduction study: {', '.join(catalog.dataset(d).label for d in summary)} ({scale} scale)", "",
          f"Written by `{data['command']}` on {data['generated']}. Scale `{scale}`: {sc.description}.", ""]
     # what the figures show
     L += ["## What these numbers show and do not show", ""]
@@ -256,7 +256,7 @@ def markdown(data):
     L.append("- Multi30k is not in the paper: only the direction is compared, with the paper's IWSLT14 De-En "
              "difference (same recipe family, another corpus).")
     for dkey, per_metric in summary.items():
-        ds = P.DATASETS[dkey]
+        ds = catalog.dataset(dkey)
         main = "bleu" if ds.kind == "mt" else "ppl"
         for row, entry in per_metric[main].items():
             if row == P.BASELINE or "verdict" not in entry:
@@ -271,7 +271,7 @@ def markdown(data):
                         f"points {'the same way' if ours == paper_way else 'the other way'} ({state})")
                 agree = (f"; the paper's {'IWSLT14 ' if not ds.paper_comparable else ''}difference ({pd:+.2f}) is "
                          f"{paper_way}, ours {ours}")
-            L.append(f"- {ds.label}, {R.row(row).label} vs Transformer: {_ci(entry['diff'], sign=True)} "
+            L.append(f"- {ds.label}, {catalog.row(row).label} vs Transformer: {_ci(entry['diff'], sign=True)} "
                      f"{main.upper() if main == 'bleu' else 'perplexity'}: {entry['verdict']}{agree}.")
     for b in data.get("bootstrap", []):
         sig = "p < 0.05" if b["p"] < 0.05 else "not significant at 0.05"
@@ -287,7 +287,7 @@ def markdown(data):
     L.append("")
     # results per dataset
     for dkey, per_metric in summary.items():
-        ds = P.DATASETS[dkey]
+        ds = catalog.dataset(dkey)
         L += [f"## {ds.label}", ""]
         for metric, by_row in per_metric.items():
             L += [f"{METRIC_TEXT[metric]}.", ""]
@@ -303,7 +303,7 @@ def markdown(data):
                 pd = "-" if row == P.BASELINE else (
                     _f(e["paper_diff"], sign=True) + ("" if ds.paper_comparable else " (IWSLT14 De-En)")
                     if e.get("paper_diff") is not None else "-")
-                L.append(f"| {R.row(row).label} | {len(e['values'])} ({', '.join(e['values'])}) | {_ci(e['ci'])} | "
+                L.append(f"| {catalog.row(row).label} | {len(e['values'])} ({', '.join(e['values'])}) | {_ci(e['ci'])} | "
                          f"{diff} | {paper} | {vs} | {pd} |")
             L.append("")
         if ds.kind == "mt" and data.get("bootstrap"):
@@ -349,13 +349,13 @@ def write(out, scale, records, work, command, prepare_s, invocation_s, missing, 
     """Write results.json, the PNGs and REPORT.md into ``out``; returns the report's path."""
     os.makedirs(out, exist_ok=True)
     sc = P.SCALE_TABLE[scale]
-    records = sorted(records, key=lambda r: (list(P.DATASETS).index(r["dataset"]), list(P.STUDY).index(r["row"]),
+    records = sorted(records, key=lambda r: (list(catalog.DATASETS).index(r["dataset"]), P.ALL_ROWS.index(r["row"]),
                                              r["seed"]))
     summary = summarise(records, scale)
     data = {
         "scale": scale, "command": command,
         "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(U.__file__.rsplit(os.sep, 3)[0]),
+        "machine": machine(U.__file__.rsplit(os.sep, 4)[0]),
         "summary": summary, "bootstrap": bootstrap(records, work, sc.bootstrap_resamples),
         "table1": table1(records), "runs": records, "missing": missing,
         "time": {"runs_s": round(sum(U.run_seconds(r) for r in records), 1), "prepare_s": round(prepare_s, 1),

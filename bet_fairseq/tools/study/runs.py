@@ -9,28 +9,17 @@ never redone; one without it resumes: fairseq-train restores ``checkpoint_last.p
 ``--save-dir`` by itself.
 """
 
-import contextlib
 import datetime
 import itertools
 import json
-import logging
 import os
-import resource
 import shlex
-import signal
-import subprocess
-import threading
-import time
 
-from bet_fairseq import recipes
+from bet_fairseq import catalog, recipes
 from bet_fairseq.files import atomic_write
-from ..results import rows as R
-from ..results import runner
+from bet_fairseq.tools import executor, markers
+from bet_fairseq.tools.executor import RunFailed, quiet_logging, stop_all  # noqa: F401  (the study's CLI uses them)
 from . import plan as P
-
-
-class RunFailed(RuntimeError):
-    pass
 
 
 def run_dir(work, run):
@@ -38,116 +27,26 @@ def run_dir(work, run):
 
 
 def arch(run):
-    return R.row(run.row).archs[P.DATASETS[run.dataset].recipe]
+    return catalog.row(run.row).arch(run.dataset)
 
 
-def commands(run, scale, bin_dir, save_dir, user_dir=None, cpu=True):
-    """(train argv, eval argv): the dataset's recipe, the scale's overrides, the row's flags, the seed."""
-    import bet_fairseq
-
-    ds, sc, row = P.DATASETS[run.dataset], P.SCALE_TABLE[scale], R.row(run.row)
-    user_dir = user_dir or bet_fairseq.user_dir()
-    train = recipes.merge(recipes.train_recipe(ds.recipe), sc.train[run.dataset], row.train_flags.get(ds.kind, {}),
+def job(run, scale, bin_dir, save_dir, cpu=True) -> executor.Job:
+    """The dataset's recipe, the scale's overrides for its kind, the row's flags, the seed."""
+    ds, sc, row = catalog.dataset(run.dataset), P.SCALE_TABLE[scale], catalog.row(run.row)
+    train = recipes.merge(recipes.train_recipe(ds.key), sc.train[ds.kind], row.train_flags.get(ds.kind, {}),
                           {"--seed": run.seed})
-    ev = recipes.merge(recipes.eval_recipe(ds.recipe), sc.eval[run.dataset], row.eval_flags.get(ds.kind, {}))
-    for flags in (train, ev):
-        flags["--cpu"] = True if cpu else None
-    train_argv = (runner.fairseq_command("fairseq-train") + [bin_dir, "--user-dir", user_dir, "--arch", arch(run),
-                                                              "--save-dir", save_dir] + recipes.to_argv(train))
-    tool = "fairseq-generate" if ds.kind == "mt" else "fairseq-eval-lm"
-    eval_argv = (runner.fairseq_command(tool) + [bin_dir, "--user-dir", user_dir, "--path",
-                                                 os.path.join(save_dir, "checkpoint_best.pt")] + recipes.to_argv(ev))
-    return train_argv, eval_argv
+    ev = recipes.merge(recipes.eval_recipe(ds.key), sc.eval[ds.kind], row.eval_flags.get(ds.kind, {}))
+    return executor.Job(arch(run), bin_dir, save_dir, ds, train, ev, cpu=cpu)
+
+
+def commands(run, scale, bin_dir, save_dir, cpu=True):
+    """(train argv, eval argv) of a run."""
+    return job(run, scale, bin_dir, save_dir, cpu).commands()
 
 
 def _read_json(path):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
-
-
-def _write_json(path, value):
-    with atomic_write(path) as f:
-        json.dump(value, f, indent=1)
-        f.write("\n")
-
-
-detokenised = runner.detokenised  # (hypotheses, references), Moses-detokenised
-
-
-@contextlib.contextmanager
-def quiet_logging():
-    """No console output from the root logger for the duration (one progress line per run)."""
-    root = logging.getLogger()
-    handlers = root.handlers[:]
-    root.handlers = []
-    try:
-        yield
-    finally:
-        root.handlers = handlers
-
-
-def _child_cpu():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def _execute(argv, log_path, in_process):
-    """(rc, wall seconds, CPU seconds of the child; None in process)."""
-    if in_process:
-        import bet_fairseq
-
-        bet_fairseq.register()  # what --user-dir does in a fresh process (here the package is already imported)
-        with quiet_logging():  # fairseq's log goes to the run's log file only, as in a subprocess
-            rc, wall = runner.run_in_process(argv, log_path, echo=False)
-        return rc, wall, None
-    before = _child_cpu()
-    rc, wall = run_logged(argv, log_path)
-    return rc, wall, _child_cpu() - before  # approximate when several runs end at once (--jobs)
-
-
-LIVE = set()  # the fairseq processes running now (stopped on Ctrl-C)
-_LIVE_LOCK = threading.Lock()
-
-
-def run_logged(argv, log_path):
-    """``argv`` in a subprocess, its output appended to ``log_path``; returns (rc, wall seconds). An
-    interruption here stops the child too (it saves nothing half-written: fairseq writes checkpoints
-    under a temporary name)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    start = time.time()
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"# {datetime.datetime.now().isoformat(timespec='seconds')} {shlex.join(argv)}\n")
-        log.flush()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-        with _LIVE_LOCK:
-            LIVE.add(proc)
-        try:
-            rc = proc.wait()
-        except BaseException:
-            stop(proc)
-            raise
-        finally:
-            with _LIVE_LOCK:
-                LIVE.discard(proc)
-    return rc, time.time() - start
-
-
-def stop(proc, grace=30):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def stop_all():
-    with _LIVE_LOCK:
-        procs = list(LIVE)
-    for proc in procs:
-        stop(proc)
 
 
 def table1(checkpoint, data, max_batches):
@@ -156,7 +55,7 @@ def table1(checkpoint, data, max_batches):
     from ..analysis.capture import decoder_self_attentions
     from ..analysis.loading import load_checkpoint, split_batches
 
-    loaded = load_checkpoint(checkpoint, data, cpu=not runner.has_cuda())
+    loaded = load_checkpoint(checkpoint, data, cpu=not executor.has_cuda())
     attentions = decoder_self_attentions(loaded.model)
     batches, n_split = split_batches(loaded, "valid")
     if max_batches:
@@ -167,74 +66,71 @@ def table1(checkpoint, data, max_batches):
             "tokens": acc.tokens, **acc.definition(), "matrices": acc.result()}
 
 
-def execute(run, scale, work, bin_dir, in_process=False):
-    """Do what is left of ``run``; returns its record (``run.json``) and whether it was already complete."""
-    save = run_dir(work, run)
-    marker = os.path.join(save, "run.json")
-    if os.path.exists(marker):
-        return _read_json(marker), True
-    os.makedirs(save, exist_ok=True)
-    ds, sc = P.DATASETS[run.dataset], P.SCALE_TABLE[scale]
-    cpu = sc.device == "cpu" or not runner.has_cuda()
-    train_argv, eval_argv = commands(run, scale, bin_dir, save, cpu=cpu)
-    train_log, eval_log = os.path.join(save, "train.log"), os.path.join(save, "eval.log")
-    trained = os.path.join(save, "train.done.json")
-    if os.path.exists(trained):
-        timing = _read_json(trained)
-    else:
-        resumed = os.path.exists(os.path.join(save, "checkpoint_last.pt"))
-        rc, wall, cpu_s = _execute(train_argv, train_log, in_process)
-        if rc != 0:
-            raise RunFailed(f"{run.name}: fairseq-train failed (exit {rc}); see {train_log}")
-        timing = {"train_wall_s": round(wall, 1), "train_cpu_s": None if cpu_s is None else round(cpu_s, 1),
-                  "resumed": resumed, "num_updates": runner.last_num_updates(train_log)}
-        _write_json(trained, timing)
-    if os.path.exists(eval_log):
-        os.remove(eval_log)
-    rc, eval_wall, eval_cpu = _execute(eval_argv, eval_log, in_process)
-    with open(eval_log, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    if rc != 0:
-        raise RunFailed(f"{run.name}: evaluation failed (exit {rc}); see {eval_log}")
-    metrics = {}
-    if ds.kind == "mt":
-        metrics["bleu"] = runner.parse_bleu(text)
-        hyps, refs = detokenised(text, ds.target)
-        if not hyps:
-            raise RunFailed(f"{run.name}: no hypotheses in {eval_log}")
-        import sacrebleu
+def _say(message):
+    print(f"[study] {message}", flush=True)
 
-        metrics["sacrebleu"] = round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
-        metrics["sentences"] = len(hyps)
-        for name, lines in (("hyp.detok.txt", hyps), ("ref.detok.txt", refs)):
+
+def execute(run, scale, work, bin_dir, in_process=False):
+    """Do what is left of ``run``; returns its record (``run.json``) and whether it was already complete.
+
+    Each step's marker holds the settings it was made with (the commands): a marker made with other
+    settings, or a damaged one, is reported and its step redone (training from scratch when its settings
+    changed: the old checkpoints are removed, else fairseq-train would resume from them)."""
+    save = run_dir(work, run)
+    sc = P.SCALE_TABLE[scale]
+    the_job = job(run, scale, bin_dir, save, cpu=sc.device == "cpu" or not executor.has_cuda())
+    train_argv, eval_argv = the_job.commands()
+    train_settings = {"train": shlex.join(train_argv)}
+    settings = {**train_settings, "eval": shlex.join(eval_argv)}
+    marker = os.path.join(save, "run.json")
+    record = markers.read(marker, settings, say=_say)
+    if record is not None:
+        return record, True
+    os.makedirs(save, exist_ok=True)
+    started, trained = os.path.join(save, "train.started.json"), os.path.join(save, "train.done.json")
+    timing = markers.read(trained, train_settings, say=_say)
+    if timing is None:
+        if os.path.exists(trained) or markers.problem(started, train_settings) is not None:
+            _say(f"{run.name}: training again from scratch")
+            _forget_training(save)
+        markers.write(started, {}, train_settings)  # an interrupted training resumes only with these settings
+        timing = markers.write(trained, executor.train(the_job, in_process), train_settings)
+    scored = executor.evaluate(the_job, in_process)
+    ds = the_job.dataset
+    metrics = {k: v for k, v in scored.items() if k not in ("hypotheses", "references", "value")
+               and not k.startswith("eval_")}
+    if ds.kind == "mt":
+        if not scored["hypotheses"]:
+            raise RunFailed(f"{run.name}: no hypotheses in {os.path.join(save, 'eval.log')}")
+        for name, lines in (("hyp.detok.txt", scored["hypotheses"]), ("ref.detok.txt", scored["references"])):
             with atomic_write(os.path.join(save, name)) as f:
                 f.writelines(line + "\n" for line in lines)
-        value = metrics["bleu"]
-    else:
-        metrics["loss_base2"], metrics["ppl"] = runner.parse_eval_lm(text)
-        value = metrics["ppl"]
-    if value is None:
-        raise RunFailed(f"{run.name}: no {ds.metric} in {eval_log}")
     analysed = None
     if run.row in P.ANALYSED and run.seed == 1 and sc.analysis_batches:
         path = os.path.join(save, "table1.json")
         if not os.path.exists(path):
             with quiet_logging():
-                stats = table1(os.path.join(save, "checkpoint_best.pt"), bin_dir, sc.analysis_batches)
-            _write_json(path, stats)
+                stats = table1(the_job.checkpoint_path, bin_dir, sc.analysis_batches)
+            markers.write(path, stats)
         analysed = path
     record = {
-        "dataset": run.dataset, "row": run.row, "row_label": R.row(run.row).label, "seed": run.seed,
-        "arch": arch(run), "scale": scale, "metric": ds.metric, "value": value, **metrics,
+        "dataset": run.dataset, "row": run.row, "row_label": catalog.row(run.row).label, "seed": run.seed,
+        "arch": arch(run), "scale": scale, "metric": ds.metric, "value": scored["value"], **metrics,
         "num_updates": timing.get("num_updates"), "resumed": timing.get("resumed"),
-        "wall_time_s": {"train": timing["train_wall_s"], "eval": round(eval_wall, 1)},
-        "cpu_time_s": {"train": timing.get("train_cpu_s"), "eval": None if eval_cpu is None else round(eval_cpu, 1)},
-        "in_process": bool(in_process), "table1": analysed,
-        "command": {"train": shlex.join(train_argv), "eval": shlex.join(eval_argv)},
+        "wall_time_s": {"train": timing["train_wall_s"], "eval": scored["eval_wall_s"]},
+        "cpu_time_s": {"train": timing.get("train_cpu_s"), "eval": scored["eval_cpu_s"]},
+        "in_process": bool(in_process), "table1": analysed, "command": settings,
         "dir": save, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    _write_json(marker, record)
-    return record, False
+    return markers.write(marker, record, settings), False
+
+
+def _forget_training(save):
+    """Remove a run's checkpoints and training log (its training settings changed or its marker is damaged)."""
+    for name in os.listdir(save):
+        if name.startswith("checkpoint") and name.endswith(".pt") or name in ("train.log", "train.done.json",
+                                                                               "train.started.json"):
+            os.remove(os.path.join(save, name))
 
 
 def run_seconds(record):
@@ -242,13 +138,11 @@ def run_seconds(record):
 
 
 def done(work, run):
-    return os.path.exists(os.path.join(run_dir(work, run), "run.json"))
+    """Whether the run finished (its marker exists and is whole; its settings are checked when it is executed)."""
+    path = os.path.join(run_dir(work, run), "run.json")
+    return os.path.exists(path) and markers.problem(path) is None
 
 
 def load(work, run):
     path = os.path.join(run_dir(work, run), "run.json")
-    return _read_json(path) if os.path.exists(path) else None
-
-
-def now():
-    return time.time()
+    return _read_json(path) if done(work, run) else None
