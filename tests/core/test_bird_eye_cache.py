@@ -1,31 +1,16 @@
 """``BirdEyeSelfAttention`` with its own decoding cache (``BirdEyeCache``): a nanoGPT-style model samples without
 recomputing the prefix, each step equal to the full forward and to tests/reference.py's float64 BET(SF)."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from bet_fairseq.core import BirdEyeCache, BirdEyeSelfAttention
+from bet_fairseq.core import BirdEyeCache
 from conftest import padding_mask
-from reference import reference_attention
-
-E, H, T, B = 16, 4, 7, 3
-
-
-def make_block(seed=0, **kwargs):
-    torch.manual_seed(seed)
-    block = BirdEyeSelfAttention(E, H, **kwargs).eval()
-    with torch.no_grad():
-        block.w.normal_(0, 0.5)  # far from the init so that R varies visibly
-    return block
+from test_core import B, E, H, T, block_reference, make_block
 
 
 def reference_out(block, x, padding=None):
-    """The float64 reference of the full forward, batch-first (B, T, E)."""
-    ref = reference_attention(block, x.transpose(0, 1), "bet_sf", key_padding_mask=padding,
-                              options=SimpleNamespace(bet_keep_diagonal=block.keep_diagonal))
-    return ref.out.transpose(0, 1)
+    return block_reference(block, x, padding)[0]
 
 
 def decode(block, x, cache, chunks, padding=None):
