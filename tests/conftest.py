@@ -20,6 +20,11 @@ import bet_fairseq  # noqa: E402
 bet_fairseq.register()  # what fairseq's --user-dir import does; tests build models in process too
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "install_profiles: builds fresh virtual environments and installs the project "
+                                       "(minutes; runs only with BET_TEST_INSTALL_PROFILES=1)")
+
+
 @pytest.fixture(scope="session")
 def shared_data():
     if not os.path.isdir(SHARED_DATA):

@@ -29,4 +29,5 @@ from .functional import (  # noqa: F401
     scale_diagonal,
     top_k_keep,
 )
-from .modules import BirdEyeSelfAttention  # noqa: F401
+from .incremental import bet_sf_with_state  # noqa: F401
+from .modules import BirdEyeCache, BirdEyeSelfAttention  # noqa: F401

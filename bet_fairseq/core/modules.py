@@ -1,12 +1,45 @@
-"""A drop-in BET(SF) causal self-attention for any PyTorch model (batch-first, no fairseq)."""
+"""A drop-in BET(SF) causal self-attention for any PyTorch model (batch-first, no fairseq), with a decoding cache."""
 
 import math
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor, nn
 
-from .functional import bet_sf_attention, bet_sf_fused
+from .incremental import bet_sf_with_state
 from .masks import causal_allowed
+
+
+class BirdEyeCache:
+    """What the ``BirdEyeSelfAttention`` layers of one model keep between decoding steps, batch-first: per layer the
+    keys, values, R and ``V w_h`` of the positions seen so far and which of them are padding. R of a key depends
+    only on positions up to it, so it is computed once; each step then costs one query row per layer.
+
+    One object for the whole model (each layer files its tensors under itself); ``reorder(order)`` after each
+    beam-search step, ``len(cache)`` the positions seen (the offset of the next position embedding)."""
+
+    FIELDS = ("k", "v", "r", "vw", "padding")
+
+    def __init__(self):
+        self.layers: Dict[nn.Module, Dict[str, Tensor]] = {}
+
+    def __len__(self) -> int:
+        return next(iter(self.layers.values()))["k"].size(2) if self.layers else 0
+
+    def get(self, layer: nn.Module) -> Optional[Dict[str, Tensor]]:
+        return self.layers.get(layer)
+
+    def append(self, layer: nn.Module, **new: Tensor):
+        """Add the new positions' tensors (the ``FIELDS``; time is the last dimension of each but k and v's 3rd)."""
+        past = self.layers.get(layer)
+        self.layers[layer] = new if past is None else {
+            name: torch.cat([past[name], new[name]], dim=2 if name in ("k", "v") else -1) for name in self.FIELDS}
+
+    def reorder(self, order: Tensor):
+        """Keep batch rows ``order`` (beam search: the beams each survivor came from)."""
+        for entry in self.layers.values():
+            for name in self.FIELDS:
+                entry[name] = entry[name].index_select(0, order.to(entry[name].device))
 
 
 class BirdEyeSelfAttention(nn.Module):
@@ -14,7 +47,9 @@ class BirdEyeSelfAttention(nn.Module):
 
     The same parameters as a standard multi-head attention (q, k, v, out projections) plus ``w``:
     ``2 * head_dim`` values per head (one shared row with ``share_w``). ``keep_diagonal`` drops the
-    DiagFreeMask. ``return_attention=True`` also returns the final per-head matrix ``(B, H, T, T)``.
+    DiagFreeMask. ``return_attention=True`` also returns the final per-head matrix ``(B, H, T, S)``.
+    ``cache=BirdEyeCache()``: incremental decoding; ``x`` holds only the new positions, which see the cached ones
+    (``padding_mask`` covers the new positions), and the cache gains them.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
@@ -31,17 +66,28 @@ class BirdEyeSelfAttention(nn.Module):
         self.keep_diagonal = keep_diagonal
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, padding_mask: Tensor = None, return_attention: bool = False):
+    def forward(self, x: Tensor, padding_mask: Tensor = None, return_attention: bool = False,
+                cache: Optional[BirdEyeCache] = None):
         bsz, length, dim = x.shape
         q, k, v = self.qkv(x).view(bsz, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q = q * self.head_dim ** -0.5
-        allowed = causal_allowed(length, length, x.device)
-        if padding_mask is not None:
-            allowed = allowed & ~padding_mask.bool().view(bsz, 1, 1, length)
-        if return_attention:
-            out, probs, _, _, _ = bet_sf_attention(q, k, v, self.w, allowed, self.keep_diagonal, self.dropout)
-        else:
-            p = self.dropout.p if self.training else 0.0
-            out, probs = bet_sf_fused(q, k, v, self.w, allowed, self.keep_diagonal, p), None
+        padding = (torch.zeros(bsz, length, dtype=torch.bool, device=x.device) if padding_mask is None
+                   else padding_mask.bool())
+        past = None if cache is None else cache.get(self)
+        if past is not None:
+            k, v = torch.cat([past["k"], k], dim=2), torch.cat([past["v"], v], dim=2)
+            padding = torch.cat([past["padding"], padding], dim=1)
+        src_len = k.size(2)
+        allowed = causal_allowed(length, src_len, x.device)
+        if padding_mask is not None or past is not None:
+            allowed = allowed & ~padding.view(bsz, 1, 1, src_len)
+        if length == 1 and past is not None and not bool(padding.any()):
+            allowed = None  # one step that sees every key: the decoding step's own fast path
+        p = self.dropout.p if self.training else 0.0
+        out, probs, r, vw = bet_sf_with_state(
+            q, k, v, self.w, allowed, self.keep_diagonal, p, None if past is None else past["r"],
+            None if past is None else past["vw"], need_state=cache is not None, need_weights=return_attention)
+        if cache is not None:
+            cache.append(self, k=k[:, :, -length:], v=v[:, :, -length:], r=r, vw=vw, padding=padding[:, -length:])
         out = self.out_proj(out.transpose(1, 2).reshape(bsz, length, dim))
         return (out, probs) if return_attention else out
