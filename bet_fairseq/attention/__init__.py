@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Type
 
 from fairseq.dataclass import FairseqDataclass
 
-from ..compat import OPTIONS_ADDED
+from ..compat import OPTION_ADDED
 from .base import Attended, SelfAttentionVariant  # noqa: F401
 
 VARIANTS: Dict[str, Type[SelfAttentionVariant]] = {}
@@ -92,7 +92,7 @@ def variant_options(args, mode: Optional[str] = None):
             value = _get(args, f.name, None)
             # (a value that compat fills into a checkpoint saved before the option existed is no error)
             if f.name not in own and value is not None and value != f.default and not (
-                    f.name in OPTIONS_ADDED and value == OPTIONS_ADDED[f.name]):
+                    OPTION_ADDED in f.metadata and value == f.metadata[OPTION_ADDED].before):
                 users = [n for n, c in VARIANTS.items() if c.options_class is other]
                 raise ValueError(f"{_flag(f.name)} {value} only applies to --self-attn-mode "
                                  f"{'/'.join(users)} (the mode is {mode!r})")

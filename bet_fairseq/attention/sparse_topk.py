@@ -40,12 +40,10 @@ class SparseTopKOptions(FairseqDataclass):
         metadata={"help": "sparse_topk: the attentions that keep the top k, a comma- or space-separated subset "
                           "of es (encoder self), ds (decoder self), dc (encoder-decoder); default "
                           f"{TRANSLATION_SITES} in translation models (Zhao et al.'s code), ds in language "
-                          "models (their only attention: es and dc name nothing there and are ignored)"},
+                          "models (their only attention: es and dc name nothing there and are ignored)",
+                  # checkpoints saved before the option sparsified the decoder self-attention only
+                  **option_added("0.2", before="ds")},
     )
-
-
-# Checkpoints saved before the option sparsified the decoder self-attention only.
-option_added("sparse_topk_attention", "ds")
 
 
 def parse_sites(value) -> FrozenSet[str]:

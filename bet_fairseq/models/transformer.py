@@ -10,11 +10,15 @@ from ..attention import check_variant
 from ..attention.sparse_topk import TRANSLATION_SITES
 from .decoder import VariantTransformerDecoder
 from .encoder import VariantTransformerEncoder
-from .options import add_attention_args, upgrade_legacy_options
+from .options import AttentionConfig, add_attention_args, upgrade_legacy_options
 
 
 @register_model("bet_transformer")
 class VariantTransformerModel(TransformerModel):
+    # fairseq's argparse model: its plugin options, beside fairseq's flags (compat reads the options that
+    # older checkpoints lack from the dataclass a model is registered with, or from this one)
+    options_dataclass = AttentionConfig
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)

@@ -10,7 +10,7 @@ import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from bet_fairseq.attention import VARIANTS
-from bet_fairseq.compat import OPTIONS_ADDED
+from bet_fairseq.compat import options_added
 from conftest import assert_decoding_consistent, full_forward, make_attention, padding_mask
 from reference import reference_attention, reference_hopfield_library
 
@@ -54,7 +54,8 @@ def test_the_default_is_the_library_configuration():
         assert 0.017 < float(proj.weight.std()) < 0.023 and torch.all(proj.bias == 0)
     for norm in (m.norm_state_pattern, m.norm_stored_pattern, m.norm_pattern_projection):
         assert torch.all(norm.weight == 1) and torch.all(norm.bias == 0) and norm.eps == 1e-5
-    assert OPTIONS_ADDED["hopfield_config"] == "attention"  # what a checkpoint saved before the option gets
+    # what a checkpoint saved before the option gets
+    assert options_added(m.options_class)["hopfield_config"].before == "attention"
 
 
 @pytest.mark.parametrize("options", CASES.values(), ids=CASES.keys())
