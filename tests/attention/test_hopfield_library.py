@@ -169,14 +169,14 @@ def test_heads_must_divide_the_model_dimension():
 
 
 def test_a_new_checkpoint_stores_the_configuration_and_an_older_one_reads_attention():
-    """check_variant writes the default into the model options (so the checkpoint holds it); the value compat
+    """resolve_attention writes the default into the model options (so the checkpoint holds it); the value compat
     fills into a checkpoint from before the option is no error for another variant."""
     from argparse import Namespace
 
-    from bet_fairseq.attention import check_variant, variant_options
+    from bet_fairseq.attention import resolve_attention, variant_options
 
     args = Namespace(self_attn_mode="hopfield")
-    check_variant(args, H)
+    resolve_attention(args, H)
     assert args.hopfield_config == "library"
     cls, options = variant_options(Namespace(self_attn_mode="bet_sf", hopfield_config="attention"))
     assert cls.variant_name == "bet_sf"
