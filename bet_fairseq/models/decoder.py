@@ -13,7 +13,7 @@ from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.modules import TransformerDecoderLayer
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-from ..attention import CROSS, DECODER_SELF, ModelAttention, SelfAttentionVariant
+from ..attention import CROSS, DECODER_SELF, ModelAttention
 from .options import parse_layers
 
 
@@ -76,8 +76,3 @@ class VariantTransformerDecoder(TransformerDecoder):
         min_params_to_wrap = cfg.min_params_to_wrap if not cfg.checkpoint_activations else 0
         return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
-
-
-def self_attention_modules(model):
-    """The decoder's ``SelfAttentionVariant`` modules, in layer order."""
-    return [m for m in model.modules() if isinstance(m, SelfAttentionVariant)]
