@@ -58,6 +58,7 @@ def parse_sites(value) -> FrozenSet[str]:
 
 
 def top_k_of(options) -> int:
+    """The logits kept per row (``--sparse-topk``, else the default)."""
     return DEFAULT_SPARSE_TOPK if options.sparse_topk is None else options.sparse_topk
 
 
@@ -68,7 +69,7 @@ class SparseTopKSelfAttention(SelfAttentionVariant):
     def __init__(self, embed_dim, num_heads, options=None, **kwargs):
         super().__init__(embed_dim, num_heads, options=options, **kwargs)
         self.top_k = top_k_of(self.options)
-        self.sparse = "ds" in parse_sites(self.options.sparse_topk_attention)  # else plain attention here
+        self.keeps_top_k = "ds" in parse_sites(self.options.sparse_topk_attention)  # else plain attention here
 
     @classmethod
     def check_options(cls, options, num_heads):
@@ -89,7 +90,7 @@ class SparseTopKSelfAttention(SelfAttentionVariant):
 
     def scores(self, q, k, allowed):
         logits = super().scores(q, k, allowed)
-        if not self.sparse:
+        if not self.keeps_top_k:
             return logits
         return logits.masked_fill(~top_k_keep(logits.detach(), allowed, self.top_k), float("-inf"))
 
@@ -138,4 +139,3 @@ class SparseTopKAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
-
