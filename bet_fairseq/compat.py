@@ -20,9 +20,10 @@ Tools that do not run models (``bet-syntax-hints``, ``bet-results``) never impor
 6. ``upgrade_older_checkpoints``  an option added after a checkpoint was saved is absent from its stored
    model configuration, and an architecture would fill today's default (say the library configuration of
    Hopfield) into a model trained with the earlier behaviour. Before fairseq upgrades a loaded checkpoint
-   (``checkpoint_utils._upgrade_state_dict``), each option declared by ``option_added`` that a bet_fairseq
-   model's stored configuration lacks is set to the value that reproduces what the checkpoint was trained
-   with. Checkpoints of other models are untouched.
+   (``checkpoint_utils._upgrade_state_dict``), each option of the bet_fairseq model's options dataclass
+   whose field declares ``option_added(version, before)`` in its metadata and that the stored configuration
+   lacks is set to ``before``, the value that reproduces what the checkpoint was trained with. Checkpoints
+   of other models are untouched.
 
 Distributed training, in detail. fairseq 0.12 gets three things wrong when launched by ``torchrun``
 without GPUs:
@@ -45,10 +46,12 @@ for single-process runs, Slurm, ``--distributed-init-method`` or fairseq's own m
 import argparse
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
 import types
+from typing import Dict, NamedTuple
 
 import numpy as np
 import torch
@@ -228,24 +231,44 @@ def restore_np_compat_long():
 
 
 # ------------------------------------------------------------------------------- older checkpoints
-OPTIONS_ADDED = {}  # option name -> the value that means the behaviour from before the option existed
+OPTION_ADDED = "bet_fairseq_option_added"  # the key of an options dataclass field's metadata
 
 
-def option_added(name: str, value_before):
-    """Declare a model option that checkpoints saved before it existed lack, and the value that keeps
-    their behaviour (see ``upgrade_older_checkpoints``)."""
-    OPTIONS_ADDED[name] = value_before
+class OptionAdded(NamedTuple):
+    version: str  # the bet_fairseq version that added the option
+    before: object  # the value that means the behaviour from before the option existed
 
 
-def _is_bet_fairseq_model(model_cfg) -> bool:
+def option_added(version: str, before) -> Dict[str, OptionAdded]:
+    """Field metadata of an option that checkpoints saved before ``version`` lack, with the value that
+    keeps their behaviour (see ``upgrade_older_checkpoints``):
+    ``field(default=..., metadata={"help": ..., **option_added("0.2", before=...)})``."""
+    return {OPTION_ADDED: OptionAdded(str(version), before)}
+
+
+def options_added(options_class) -> Dict[str, OptionAdded]:
+    """{option name: ``OptionAdded``} of the fields of a dataclass that declare ``option_added``."""
+    if options_class is None:
+        return {}
+    return {f.name: f.metadata[OPTION_ADDED] for f in dataclasses.fields(options_class) if OPTION_ADDED in f.metadata}
+
+
+def _bet_fairseq_model(model_cfg):
+    """The model class a stored configuration names when bet_fairseq registered it, else None."""
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
     for key in ("_name", "arch"):
         name = _get_option(model_cfg, key)
         model = ARCH_MODEL_REGISTRY.get(name) or MODEL_REGISTRY.get(name)
         if model is not None:
-            return model.__module__.startswith("bet_fairseq.")
-    return False
+            return model if model.__module__.startswith("bet_fairseq.") else None
+    return None
+
+
+def model_options_class(model):
+    """The dataclass of a model's options: the one fairseq registered it with, else (a model of fairseq's
+    argparse kind) its ``options_dataclass``."""
+    return getattr(model, "__dataclass", None) or getattr(model, "options_dataclass", None)
 
 
 def _get_option(model_cfg, name):
@@ -255,22 +278,25 @@ def _get_option(model_cfg, name):
 
 
 def fill_options_added(state) -> None:
-    """Set, in a loaded checkpoint's model configuration, every option it lacks (see ``option_added``)."""
+    """Set, in a loaded checkpoint's model configuration, every option it lacks that its model's options
+    dataclass declares with ``option_added``."""
     from omegaconf import OmegaConf, open_dict
 
     cfg = state.get("cfg")
     model_cfg = cfg.get("model") if cfg is not None else state.get("args")
-    if model_cfg is None or not _is_bet_fairseq_model(model_cfg):
+    model = None if model_cfg is None else _bet_fairseq_model(model_cfg)
+    if model is None:
         return
+    added = options_added(model_options_class(model))
     if isinstance(model_cfg, argparse.Namespace):
-        for name, value in OPTIONS_ADDED.items():
+        for name, option in added.items():
             if not hasattr(model_cfg, name):
-                setattr(model_cfg, name, value)
+                setattr(model_cfg, name, option.before)
         return
     with open_dict(model_cfg) if OmegaConf.is_config(model_cfg) else contextlib.nullcontext():
-        for name, value in OPTIONS_ADDED.items():
+        for name, option in added.items():
             if name not in model_cfg:
-                model_cfg[name] = value
+                model_cfg[name] = option.before
 
 
 def upgrade_older_checkpoints():

@@ -3,18 +3,25 @@
 A file dropped into this folder that defines a ``SelfAttentionVariant`` subclass decorated with
 ``register_variant("NAME")`` is imported with the plugin; ``--self-attn-mode NAME`` then selects it on
 every bet_fairseq architecture (translation and language model), and its options dataclass, if any,
-adds its flags to ``fairseq-train --help`` and to the checkpoint. See docs/adding_a_variant.md.
+adds its flags to ``fairseq-train --help`` and to the checkpoint. A variant that also replaces the
+encoder self-attention or the encoder-decoder attention says so in its own class (``sites``,
+``build_site_attention``). A model resolves its attention once (``resolve_attention``) and hands the
+``ModelAttention`` to its layers. See docs/adding_a_variant.md.
 """
 
 import dataclasses
 import importlib
 import os
-from typing import Dict, List, Optional, Type
+from typing import Dict, FrozenSet, Iterable, List, Optional, Type
 
 from fairseq.dataclass import FairseqDataclass
+from fairseq.modules.multihead_attention import MultiheadAttention
 
-from ..compat import OPTIONS_ADDED
+from ..compat import OPTION_ADDED
 from .base import Attended, SelfAttentionVariant  # noqa: F401
+from .sites import CROSS, DECODER_SELF, ENCODER_SELF, LM_SITES, TRANSLATION_SITES  # noqa: F401
+
+DEFAULT_MODE = "vanilla"  # the Transformer's attention: no --self-attn-mode, and layers outside --self-attn-layers
 
 VARIANTS: Dict[str, Type[SelfAttentionVariant]] = {}
 
@@ -76,26 +83,31 @@ def _flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def variant_options(args, mode: Optional[str] = None):
+def variant_class(args) -> Type[SelfAttentionVariant]:
+    """The class ``--self-attn-mode`` names (the Transformer's when unset)."""
+    mode = str(_get(args, "self_attn_mode", None) or DEFAULT_MODE)
+    if mode not in VARIANTS:
+        raise ValueError(f"--self-attn-mode: unknown variant {mode!r}; choose one of {', '.join(sorted(VARIANTS))}")
+    return VARIANTS[mode]
+
+
+def variant_options(args):
     """``(variant class, options instance)`` from a model namespace / config, validated.
 
     Options of *other* variants must stay at their defaults: a flag that would silently do nothing is
     an error naming it.
     """
-    mode = str(_get(args, "self_attn_mode", None) or "vanilla") if mode is None else mode
-    if mode not in VARIANTS:
-        raise ValueError(f"--self-attn-mode: unknown variant {mode!r}; choose one of {', '.join(sorted(VARIANTS))}")
-    cls = VARIANTS[mode]
+    cls = variant_class(args)
     own = set() if cls.options_class is None else {f.name for f in option_fields(cls.options_class)}
     for other in option_classes():
         for f in option_fields(other):
             value = _get(args, f.name, None)
             # (a value that compat fills into a checkpoint saved before the option existed is no error)
             if f.name not in own and value is not None and value != f.default and not (
-                    f.name in OPTIONS_ADDED and value == OPTIONS_ADDED[f.name]):
+                    OPTION_ADDED in f.metadata and value == f.metadata[OPTION_ADDED].before):
                 users = [n for n, c in VARIANTS.items() if c.options_class is other]
                 raise ValueError(f"{_flag(f.name)} {value} only applies to --self-attn-mode "
-                                 f"{'/'.join(users)} (the mode is {mode!r})")
+                                 f"{'/'.join(users)} (the mode is {cls.variant_name!r})")
     options = None
     if cls.options_class is not None:
         given = {}
@@ -107,21 +119,49 @@ def variant_options(args, mode: Optional[str] = None):
     return cls, options
 
 
-def build_variant(args, embed_dim: int, num_heads: int, **mha_kwargs) -> SelfAttentionVariant:
-    cls, options = variant_options(args)
-    return cls(embed_dim, num_heads, options=options, **mha_kwargs)
+@dataclasses.dataclass(frozen=True)
+class ModelAttention:
+    """A model's attention, resolved once from its options (``resolve_attention``) and handed to its layers,
+    which ask it what to build at each of the model's attention sites."""
+
+    variant: Type[SelfAttentionVariant]
+    options: Optional[object]  # the variant's options dataclass instance, or None
+    model_sites: FrozenSet[str]
+
+    def build(self, site: str, embed_dim: int, num_heads: int, **mha_kwargs) -> Optional[MultiheadAttention]:
+        """The attention at ``site``: the variant at DECODER_SELF; elsewhere the variant's own when it
+        replaces that site, else None (the layer builds fairseq's)."""
+        if site not in self.model_sites:
+            raise ValueError(f"attention site {site!r} is not one of this model's: {', '.join(sorted(self.model_sites))}")
+        if site == DECODER_SELF:
+            return self.variant(embed_dim, num_heads, options=self.options, **mha_kwargs)
+        if site not in self.variant.sites:
+            return None
+        return self.variant.build_site_attention(site, self.options, embed_dim, num_heads, **mha_kwargs)
+
+    @staticmethod
+    def build_vanilla_self_attention(embed_dim: int, num_heads: int, **mha_kwargs) -> SelfAttentionVariant:
+        """The Transformer's decoder self-attention, for the layers outside ``--self-attn-layers``."""
+        return VARIANTS[DEFAULT_MODE](embed_dim, num_heads, **mha_kwargs)
 
 
-def check_variant(args, num_heads: int):
-    """Fail on bad attention options before anything is built; then write the variant's option defaults
-    into ``args``, so that the checkpoint holds them (an option ``compat.option_added`` declares is filled
-    only into a checkpoint that lacks it, which must mean one saved before the option existed)."""
+def resolve_attention(args, num_heads: int, model_sites: Iterable[str] = LM_SITES) -> ModelAttention:
+    """A model's attention from its options, once, before anything is built (``model_sites``: the attention
+    sites the model has). Fills the variant's model-dependent defaults (``model_option_defaults``), fails on
+    bad options, then writes the variant's option defaults into ``args``, so that the checkpoint holds them
+    (an option declared with ``compat.option_added`` is filled only into a checkpoint that lacks it, which
+    must mean one saved before the option existed)."""
+    model_sites = frozenset(model_sites)
+    for name, value in variant_class(args).model_option_defaults(model_sites).items():
+        if _get(args, name, None) is None:
+            setattr(args, name, value)
     cls, options = variant_options(args)
     cls.check_options(options, num_heads)
     if options is not None:
         for f in option_fields(cls.options_class):
             if f.default is not None and _get(args, f.name, None) is None:
                 setattr(args, f.name, getattr(options, f.name))
+    return ModelAttention(cls, options, model_sites)
 
 
 def _get(args, name, default):

@@ -13,9 +13,12 @@ hooks, from the smallest to the fullest:
 
 A query block is always the *last* T of the S key positions, so one code path serves a full sequence,
 one incremental decoding step and a context longer than the queries (Transformer-XL's memory).
+
+A variant may also replace a model's other attention sites (``sites``, ``build_site_attention``): the
+encoder self-attention and the encoder-decoder attention, with fairseq ``MultiheadAttention`` subclasses.
 """
 
-from typing import ClassVar, Dict, NamedTuple, Optional, Tuple
+from typing import ClassVar, Dict, FrozenSet, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -24,6 +27,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 from ..core.masks import (COMPUTE, LastMaskMemo, causal_allowed, masked_log_softmax, masked_softmax, rows_without_keys,
                           safe_sdpa)
+from .sites import DECODER_SELF
 
 # every layer gets a view of the decoder's one buffered causal mask: converted once
 _ALLOWED_FROM_FLOAT_MASK = LastMaskMemo(lambda mask, tgt_len, src_len: torch.isfinite(mask).view(1, 1, tgt_len,
@@ -52,6 +56,9 @@ class SelfAttentionVariant(MultiheadAttention):
     variant_name: ClassVar[str] = "base"
     options_class: ClassVar[Optional[type]] = None  # the dataclass of this variant's options
     masks_diagonal: bool = False  # True where a query may never see itself (no pointer loss then)
+    # The attention sites (``attention.sites``) this variant may replace; other than DECODER_SELF, each one
+    # is built by ``build_site_attention``.
+    sites: ClassVar[FrozenSet[str]] = frozenset({DECODER_SELF})
 
     def __init__(self, embed_dim, num_heads, options=None, **kwargs):
         kwargs.setdefault("self_attention", True)
@@ -73,6 +80,20 @@ class SelfAttentionVariant(MultiheadAttention):
     @classmethod
     def check_options(cls, options, num_heads: int):
         """Raise a ValueError naming the flag of any bad option (called before a model is built)."""
+
+    @classmethod
+    def model_option_defaults(cls, model_sites: FrozenSet[str]) -> Dict[str, object]:
+        """Defaults of this variant's options that depend on the model, which has ``model_sites``; filled
+        where the command line (or checkpoint) left the option unset."""
+        return {}
+
+    @classmethod
+    def build_site_attention(cls, site: str, options, embed_dim: int, num_heads: int,
+                             **mha_kwargs) -> Optional[MultiheadAttention]:
+        """The attention at ``site``, one of ``sites`` other than DECODER_SELF: a fairseq
+        ``MultiheadAttention`` built from the keyword arguments fairseq's layer would give its own
+        (``kdim``, ``dropout``, ``encoder_decoder_attention`` ...); None keeps fairseq's there."""
+        return None
 
     def extra_repr(self):
         return f"variant={self.variant_name}" + ("" if self.options is None else f", options={self.options}")

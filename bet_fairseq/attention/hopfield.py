@@ -45,7 +45,9 @@ class HopfieldOptions(FairseqDataclass):
         default="library",
         metadata={"help": "hopfield: 'library' (ml-jku/hopfield-layers' Hopfield layer with its defaults: "
                           "LayerNorms on the inputs, V = Y W_V, update steps until --hopfield-update-steps-eps) "
-                          "or 'attention' (version 0.1's: V = Y W_K W_V, --hopfield-steps fixed steps)"},
+                          "or 'attention' (version 0.1's: V = Y W_K W_V, --hopfield-steps fixed steps)",
+                  # checkpoints saved before the option were trained with the attention configuration
+                  **option_added("0.2", before="attention")},
     )
     hopfield_beta: Optional[float] = field(
         default=None, metadata={"help": "hopfield: inverse temperature beta > 0 (default 1/sqrt(head dim))"}
@@ -71,10 +73,6 @@ class HopfieldOptions(FairseqDataclass):
         metadata={"help": "hopfield, library config: a query stops updating once its association changed "
                           "by at most this (L2) in an update (default 1e-4, the library's)"},
     )
-
-
-# Checkpoints saved before --hopfield-config existed were trained with the attention configuration.
-option_added("hopfield_config", "attention")
 
 
 def _whole(value, flag, minimum):

@@ -31,11 +31,9 @@ class LocalnessOptions(FairseqDataclass):
         default="i",
         metadata={"help": "localness: I_i, the scale of the predicted centre P_i = I_i sigmoid(.) and width D_i of "
                           "query i (0-based): 'i' keeps P_i in (0, i), the keys it sees; 'i+1' (version 0.1) lets "
-                          "P_i reach past i"},
+                          "P_i reach past i",
+                  **option_added("0.2", before="i+1")},  # checkpoints from before the option scaled by i + 1
     )
-
-
-option_added("localness_centre_scale", "i+1")  # checkpoints from before the option scaled by i + 1
 
 
 @register_variant("localness", options=LocalnessOptions)

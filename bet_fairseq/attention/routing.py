@@ -58,17 +58,15 @@ class RoutingOptions(FairseqDataclass):
         default=None, metadata={"help": "routing heads per layer (the rest are local); default: half the heads"})
     routing_ema_decay: float = field(
         default=0.999, metadata={"help": "centroid update: mu <- decay*mu + (1-decay)*mean(assigned), in [0, 1)"})
+    # (checkpoints from before these two options routed separate keys and had no commitment term)
     routing_separate_qk: bool = field(
         default=False, metadata={"help": "routing heads: keys from their own projection, routed separately, each "
-                                         "query linked to itself (version 0.1); default: keys are the queries"})
+                                         "query linked to itself (version 0.1); default: keys are the queries",
+                                 **option_added("0.2", before=True)})
     routing_commitment: float = field(
         default=1e-4, metadata={"help": "routing heads: weight of the k-means commitment term ||r - mu(r)||^2 "
-                                        "(per token, mean over routing heads), >= 0; 0 turns it off"})
-
-
-# Checkpoints from before these options routed separate keys and had no commitment term.
-option_added("routing_separate_qk", True)
-option_added("routing_commitment", 0.0)
+                                        "(per token, mean over routing heads), >= 0; 0 turns it off",
+                                **option_added("0.2", before=0.0)})
 
 
 @register_variant("routing", options=RoutingOptions)

@@ -5,9 +5,9 @@ to -inf before the softmax. Ties with the k-th value are all kept (the paper's t
 may keep more than k); a row with fewer than k allowed keys keeps them all.
 
 The authors' code sparsifies the encoder self-attention (``es``), the decoder self-attention (``ds``)
-and the encoder-decoder attention (``dc``) alike; ``--sparse-topk-attention`` picks among them. The
-decoder self-attention is the registered variant; the other two are ``SparseTopKAttention``, built by
-the translation model's encoder and decoder layers.
+and the encoder-decoder attention (``dc``) alike; ``--sparse-topk-attention`` picks among them (default:
+every one the model has). The decoder self-attention is the registered variant; at the other two sites
+(``sites``) it builds ``SparseTopKAttention``.
 """
 
 from dataclasses import dataclass, field
@@ -17,15 +17,14 @@ import torch
 from fairseq import utils
 from fairseq.dataclass import FairseqDataclass
 from fairseq.modules.multihead_attention import MultiheadAttention
-from fairseq.utils import safe_getattr
 
 from ..compat import option_added
 from ..core.functional import top_k_keep
-from . import SelfAttentionVariant, register_variant, variant_options
+from . import SelfAttentionVariant, register_variant
+from .sites import CROSS, DECODER_SELF, DESCRIPTIONS, ENCODER_SELF
 
 DEFAULT_SPARSE_TOPK = 8
-SITES = {"es": "encoder self-attention", "ds": "decoder self-attention", "dc": "encoder-decoder attention"}
-TRANSLATION_SITES = "es,ds,dc"  # the authors' default (--use_att es ds dc)
+SITE_CODES = {"es": ENCODER_SELF, "ds": DECODER_SELF, "dc": CROSS}  # the authors' names (--use_att es ds dc)
 
 
 @dataclass
@@ -38,30 +37,40 @@ class SparseTopKOptions(FairseqDataclass):
     sparse_topk_attention: Optional[str] = field(
         default="ds",
         metadata={"help": "sparse_topk: the attentions that keep the top k, a comma- or space-separated subset "
-                          "of es (encoder self), ds (decoder self), dc (encoder-decoder); default "
-                          f"{TRANSLATION_SITES} in translation models (Zhao et al.'s code), ds in language "
-                          "models (their only attention: es and dc name nothing there and are ignored)"},
+                          "of es (encoder self), ds (decoder self), dc (encoder-decoder); default: every one "
+                          "the model has, es,ds,dc in translation models (Zhao et al.'s code), ds in language "
+                          "models (their only attention: es and dc name nothing there and are ignored)",
+                  # checkpoints saved before the option sparsified the decoder self-attention only
+                  **option_added("0.2", before="ds")},
     )
-
-
-# Checkpoints saved before the option sparsified the decoder self-attention only.
-option_added("sparse_topk_attention", "ds")
 
 
 def parse_sites(value) -> FrozenSet[str]:
     """The attentions ``--sparse-topk-attention`` names ("es,dc", "es ds dc" or a list), checked."""
     parts = [str(p) for p in value] if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
     if not parts:
-        raise ValueError(f"--sparse-topk-attention: name at least one of {', '.join(SITES)} (got {value!r})")
+        raise ValueError(f"--sparse-topk-attention: name at least one of {', '.join(SITE_CODES)} (got {value!r})")
     for part in parts:
-        if part not in SITES:
-            choices = ", ".join(f"{name} ({what})" for name, what in SITES.items())
+        if part not in SITE_CODES:
+            choices = ", ".join(f"{code} ({DESCRIPTIONS[site]})" for code, site in SITE_CODES.items())
             raise ValueError(f"--sparse-topk-attention: {part!r} is not one of {choices} (got {value!r})")
     return frozenset(parts)
 
 
+def top_k_of(options) -> int:
+    """The logits kept per row (``--sparse-topk``, else the default)."""
+    return DEFAULT_SPARSE_TOPK if options.sparse_topk is None else options.sparse_topk
+
+
 @register_variant("sparse_topk", options=SparseTopKOptions)
 class SparseTopKSelfAttention(SelfAttentionVariant):
+    sites = frozenset(SITE_CODES.values())
+
+    def __init__(self, embed_dim, num_heads, options=None, **kwargs):
+        super().__init__(embed_dim, num_heads, options=options, **kwargs)
+        self.top_k = top_k_of(self.options)
+        self.keeps_top_k = "ds" in parse_sites(self.options.sparse_topk_attention)  # else plain attention here
+
     @classmethod
     def check_options(cls, options, num_heads):
         k = options.sparse_topk
@@ -69,13 +78,19 @@ class SparseTopKSelfAttention(SelfAttentionVariant):
             raise ValueError(f"--sparse-topk must be a whole number >= 1 (the logits kept per row), got {k!r}")
         parse_sites(options.sparse_topk_attention)
 
-    @property
-    def top_k(self) -> int:
-        return DEFAULT_SPARSE_TOPK if self.options.sparse_topk is None else self.options.sparse_topk
+    @classmethod
+    def model_option_defaults(cls, model_sites):
+        return {"sparse_topk_attention": ",".join(code for code, site in SITE_CODES.items() if site in model_sites)}
+
+    @classmethod
+    def build_site_attention(cls, site, options, embed_dim, num_heads, **mha_kwargs):
+        if site not in {SITE_CODES[code] for code in parse_sites(options.sparse_topk_attention)}:
+            return None
+        return SparseTopKAttention(embed_dim, num_heads, top_k=top_k_of(options), **mha_kwargs)
 
     def scores(self, q, k, allowed):
         logits = super().scores(q, k, allowed)
-        if "ds" not in parse_sites(self.options.sparse_topk_attention):
+        if not self.keeps_top_k:
             return logits
         return logits.masked_fill(~top_k_keep(logits.detach(), allowed, self.top_k), float("-inf"))
 
@@ -124,15 +139,3 @@ class SparseTopKAttention(MultiheadAttention):
             if not need_head_weights:
                 weights = weights.mean(dim=0)
         return out, weights
-
-
-def sparse_topk_attention(args, site: str, embed_dim: int, num_heads: int, **mha_kwargs):
-    """A ``SparseTopKAttention`` for ``site`` ("es" or "dc") when the model's ``--self-attn-mode
-    sparse_topk`` has ``--sparse-topk-attention`` name it; else None (the caller builds fairseq's)."""
-    if safe_getattr(args, "self_attn_mode", None) != "sparse_topk":
-        return None
-    _, options = variant_options(args)
-    if site not in parse_sites(options.sparse_topk_attention):
-        return None
-    k = DEFAULT_SPARSE_TOPK if options.sparse_topk is None else options.sparse_topk
-    return SparseTopKAttention(embed_dim, num_heads, top_k=k, **mha_kwargs)

@@ -11,8 +11,8 @@ are divided by the same sample size (target tokens) in the gradient, and ``point
 like ``loss``: per target token, in base 2 (summed over blocks, before ``pointer_lambda``).
 ``loss`` in the log includes ``pointer_lambda * L_p``; ``nll_loss`` / ``ppl`` are the token loss only.
 
-``A`` is read from the decoder's ``SelfAttentionVariant`` modules (``capture_attention``, per
-head, with gradients), switched on for this forward only: decoding pays nothing.
+``A`` is read from the decoder's ``SelfAttentionVariant`` modules (``attention.capture.capture_attention``,
+per head, with gradients), switched on for this forward only: decoding pays nothing.
 ``--pointer-heads``: ``mean`` (default) puts the loss on the head-averaged distribution (the
 layer's attention matrix as fairseq reports it), ``first`` on head 0 of each layer only (the
 other heads stay free), ``all`` on every head (the per-head losses averaged over heads).
@@ -35,9 +35,9 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.logging import metrics
 
+from ..attention.capture import capture_attention, decoder_self_attentions
 from ..compat import register_help
-from ..models.decoder import self_attention_modules
-from ..tasks.syntax_hint_data import HINT_PAD
+from ..syntax_hint_batch import HINT_PAD, SYNTAX_HINTS
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ register_help("bet-fairseq BET(SG) pointer loss (--criterion label_smoothed_cros
 def pointer_loss(log_attentions, hints, heads: str = "mean"):
     """sum over blocks and non-pad positions of -log A[t, hint_t], computed in log space.
 
-    log_attentions: per block, (B, H, T, S) log-probabilities (the modules' ``captured_log_attention``);
+    log_attentions: per block, (B, H, T, S) log-probabilities (captured ``log_probs``);
     hints: (B, T), ``HINT_PAD`` where padded. ``mean`` takes -log of the head-averaged probability,
     ``logsumexp_h(log A_h) - log H``, so a probability that underflows float32 still gives its true loss
     and a gradient (in probability space it would be clamped near 87 with zero gradient).
@@ -113,12 +113,13 @@ class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCri
         self._warned = False
 
     def _attention_modules(self, model):
-        modules = self_attention_modules(model)
-        if not modules:
+        try:
+            modules = decoder_self_attentions(model)
+        except ValueError as e:
             raise ValueError(
                 "--criterion label_smoothed_cross_entropy_with_pointer needs a bet-fairseq model whose "
-                "decoder self-attention can be captured (--arch bet_sg_iwslt, bet_sg_wmt_en_de, bet_sg_lm ...)"
-            )
+                f"decoder self-attention can be captured (--arch bet_sg_iwslt, bet_sg_wmt_en_de, bet_sg_lm ...): {e}"
+            ) from None
         diag_free = sorted({m.variant_name for m in modules if m.masks_diagonal})
         if diag_free:
             raise ValueError(
@@ -129,23 +130,15 @@ class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCri
         return modules
 
     def forward(self, model, sample, reduce=True):
-        hints = sample.get("syntax_hints") if (self.pointer_lambda > 0 and reduce) else None
+        hints = sample.get(SYNTAX_HINTS) if (self.pointer_lambda > 0 and reduce) else None
         if hints is None and self.pointer_lambda > 0 and model.training and not self._warned:
             self._warned = True
             logger.warning("training batch without syntax_hints: no pointer loss (train with --task "
                            "translation_syntax_hints / language_modeling_syntax_hints and bet-syntax-hints files)")
         modules = self._attention_modules(model) if hints is not None else []
-        for m in modules:
-            m.capture_attention = True
-        try:
+        with capture_attention(modules) as captured:
             net_output = model(**sample["net_input"])
-            log_attentions = [m.captured_log_attention for m in modules]
-        finally:
-            for m in modules:
-                m.capture_attention = False
-                m.captured_attention = None
-                m.captured_first_pass = None
-                m.captured_log_attention = None
+            log_attentions = [layer.log_probs for layer in captured.layers()]
 
         loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]

@@ -22,7 +22,9 @@ class SelfAttentionModeConfig(FairseqDataclass):
     self_attn_layers: Optional[str] = field(
         default=None,
         metadata={"help": "decoder layers (0-based, e.g. '0-2' or '0,1,2') whose self-attention is "
-                          "--self-attn-mode; the other layers use vanilla attention (default: every layer)"},
+                          "--self-attn-mode; the other layers use vanilla attention (default: every layer)",
+                  # checkpoints from before the option: the variant in every layer
+                  **option_added("0.2", before="all")},
     )
 
 
@@ -80,5 +82,4 @@ def add_attention_args(parser):
     gen_parser_from_dataclass(parser, LegacyAttentionConfig(), delete_default=True, with_prefix="")
 
 
-option_added("self_attn_layers", "all")  # checkpoints from before the option: the variant in every layer
 register_help("bet-fairseq decoder self-attention (--self-attn-mode and each variant's options)", AttentionConfig)

@@ -7,7 +7,7 @@ from fairseq.models import register_model
 from fairseq.models.transformer_lm import DEFAULT_MAX_TARGET_POSITIONS, TransformerLanguageModel, TransformerLanguageModelConfig
 from fairseq.utils import safe_getattr
 
-from ..attention import check_variant
+from ..attention import LM_SITES, resolve_attention
 from .decoder import VariantTransformerDecoder
 from .defaults import lm_defaults
 from .options import AttentionConfig, LegacyAttentionConfig, upgrade_legacy_options
@@ -27,7 +27,8 @@ class VariantTransformerLanguageModel(TransformerLanguageModel):
         if safe_getattr(args, "self_attn_mode", None) is None:
             args.self_attn_mode = cls.default_mode
         lm_defaults(args)
-        check_variant(args, args.decoder_attention_heads)  # fail on bad options before anything is built
+        # once per model, failing on bad options before anything is built
+        attention = resolve_attention(args, args.decoder_attention_heads, LM_SITES)
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if safe_getattr(args, "max_target_positions", None) is None:
@@ -36,7 +37,8 @@ class VariantTransformerLanguageModel(TransformerLanguageModel):
             raise ValueError("--character-embeddings / --adaptive-input are not supported by bet_fairseq's "
                              "language models (plain token embeddings only)")
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
-        return cls(VariantTransformerDecoder(args, task.target_dictionary, embed_tokens, no_encoder_attn=True))
+        return cls(VariantTransformerDecoder(args, task.target_dictionary, embed_tokens, no_encoder_attn=True,
+                                             attention=attention))
 
 
 @register_model("baseline_transformer_lm", dataclass=VariantLanguageModelConfig)

@@ -23,8 +23,7 @@ import torch
 from fairseq.data import BaseWrapperDataset
 from fairseq.data.indexed_dataset import MMapIndexedDataset, _code_to_dtype
 
-
-HINT_PAD = -1
+from ..syntax_hint_batch import HINT_PAD, SYNTAX_HINTS
 
 
 class SyntaxHintError(ValueError):
@@ -143,7 +142,7 @@ class SyntaxHintDataset(BaseWrapperDataset):
 
     def __getitem__(self, index):
         item = self.dataset[index]
-        item["syntax_hints"] = self._hint_row(index)
+        item[SYNTAX_HINTS] = self._hint_row(index)
         return item
 
     def collater(self, samples, **kwargs):
@@ -151,7 +150,7 @@ class SyntaxHintDataset(BaseWrapperDataset):
         if len(samples) == 0 or "net_input" not in batch:
             return batch
         decoder_input = batch["net_input"][self.decoder_input_key]
-        by_id = {int(s["id"]): s["syntax_hints"] for s in samples}
+        by_id = {int(s["id"]): s[SYNTAX_HINTS] for s in samples}
         hints = torch.full(decoder_input.shape, HINT_PAD, dtype=torch.long)
         width = decoder_input.size(1)
         for r, sample_id in enumerate(batch["id"].tolist()):
@@ -165,5 +164,5 @@ class SyntaxHintDataset(BaseWrapperDataset):
                 )
             offset = width - n if self.left_pad else 0
             hints[r, offset : offset + n] = row + offset
-        batch["syntax_hints"] = hints
+        batch[SYNTAX_HINTS] = hints
         return batch

@@ -20,7 +20,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 from bet_fairseq.tools.analysis import cli as analyze
 from bet_fairseq.tools.analysis.attention_stats import collect_attention_stats
-from bet_fairseq.tools.analysis.capture import as_capturing_vanilla, capturing, decoder_self_attentions
+from bet_fairseq.attention.capture import as_capturing_vanilla, capture_attention, decoder_self_attentions
 from bet_fairseq.tools.analysis.topk import bpe_words, top_k_words
 from bet_fairseq.attention.vanilla import VanillaSelfAttention
 
@@ -77,7 +77,7 @@ def test_uniform_attention_matches_hand_computation(vocab, left_pad):
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
             torch.nn.init.zeros_(proj.weight)
             torch.nn.init.zeros_(proj.bias)
-    attentions = decoder_self_attentions(model)  # converts fairseq's modules in place
+    attentions = decoder_self_attentions(model, convert=True)  # converts fairseq's modules in place
     assert all(type(a) is VanillaSelfAttention for a in attentions)
 
     lengths = [2, 5, 3]
@@ -131,15 +131,15 @@ def test_streaming_equals_full_computation(vocab, arch):
 
     # Reference: each sentence alone (batch of one, no padding), matrices kept and stacked.
     per_layer = {"final": [[] for _ in attentions], "first_pass": [[] for _ in attentions]}
-    with torch.no_grad(), capturing(attentions):
+    with torch.no_grad(), capture_attention(model) as captured:
         for batch in batches:
             tokens, lengths = batch["net_input"]["src_tokens"], batch["net_input"]["src_lengths"]
             for row, n in zip(tokens, lengths.tolist()):
                 model(row[:n].unsqueeze(0), features_only=True)
-                for layer, a in enumerate(attentions):
-                    per_layer["final"][layer].append(a.captured_attention[0].double().numpy())
-                    if a.captured_first_pass is not None:
-                        per_layer["first_pass"][layer].append(a.captured_first_pass[0].double().numpy())
+                for layer, record in enumerate(captured.layers()):
+                    per_layer["final"][layer].append(record.probs[0].double().numpy())
+                    if record.first_pass is not None:
+                        per_layer["first_pass"][layer].append(record.first_pass[0].double().numpy())
 
     result = acc.result()
     expected_kinds = {"final", "first_pass"} if arch == "bet_sf_lm" else {"final"}
@@ -186,14 +186,16 @@ def test_captured_weights_equal_fairseqs_own(vocab):
             fairseq_heads.append(heads.transpose(0, 1))  # (heads, B, T, S) -> (B, heads, T, S)
     assert calls[0]["key_padding_mask"] is not None  # padding was in play
 
-    attentions = decoder_self_attentions(model)
+    with pytest.raises(ValueError, match="decoder layer 0: self_attn is fairseq's MultiheadAttention"):
+        decoder_self_attentions(model)  # converting is asked for, never done behind the caller's back
+    attentions = decoder_self_attentions(model, convert=True)
     assert all(type(a) is VanillaSelfAttention and as_capturing_vanilla(a) is a for a in attentions)
-    with torch.no_grad(), capturing(attentions):
+    with torch.no_grad(), capture_attention(model) as captured:
         after, _ = model(**net_input)
-        for a, heads, mean in zip(attentions, fairseq_heads, fairseq_mean):
-            assert a.captured_attention.shape == heads.shape == (3, HEADS, 5, 5)
-            torch.testing.assert_close(a.captured_attention, heads, rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(a.captured_attention.mean(1), mean, rtol=1e-5, atol=1e-6)
+        for record, heads, mean in zip(captured.layers(), fairseq_heads, fairseq_mean):
+            assert record.probs.shape == heads.shape == (3, HEADS, 5, 5)
+            torch.testing.assert_close(record.probs, heads, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(record.probs.mean(1), mean, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
 
 

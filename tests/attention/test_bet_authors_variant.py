@@ -10,7 +10,7 @@ import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 import test_every_variant as generic
-from bet_fairseq.attention import check_variant, variant_options
+from bet_fairseq.attention import resolve_attention, variant_options
 from bet_fairseq.attention.bet_sf import BetOptions, BetSFSelfAttention
 from bet_fairseq.core import bet_sf_attention
 from cli_utils import TINY_TRANSLATION, build_model, n_params, toy_dictionaries
@@ -158,7 +158,7 @@ def test_a_bad_bet_form_is_a_clear_error(dicts, capsys):
     args = Namespace(self_attn_mode="bet_sf", bet_form="paper")
     with pytest.raises(ValueError, match=re.escape("--bet-form: unknown form 'paper'; choose one of equations, "
                                                    "authors, authors_lm")):
-        check_variant(args, H)
+        resolve_attention(args, H)
     with pytest.raises(ValueError, match="--bet-form: unknown form 'paper'"):
         make_attention("bet_sf", E, H, bet_form="paper")
     with pytest.raises(SystemExit):  # fairseq's command line: argparse's choices
@@ -175,7 +175,7 @@ def test_a_bad_bet_form_is_a_clear_error(dicts, capsys):
 ], ids=["share_w_with_authors", "another_mode"])
 def test_options_that_do_not_go_together_are_clear_errors(args, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        check_variant(Namespace(**args), H)
+        resolve_attention(Namespace(**args), H)
 
 
 def test_options_reach_the_module():

@@ -25,7 +25,7 @@ def variant_file_from_doc() -> str:
     with open(DOC, encoding="utf-8") as f:
         text = f.read()
     blocks = re.findall(r"<!-- test:variant-file -->\n```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 2, "docs/adding_a_variant.md lost a marked code block"
+    assert len(blocks) == 3, "docs/adding_a_variant.md lost a marked code block"
     return "\n\n".join(blocks)
 
 
@@ -68,10 +68,12 @@ def test_help_lists_the_new_option(plugin_copy):
 
 
 def test_translation_trains_and_generates(plugin_copy, data, tmp_path):
+    """The guide's variant that also replaces the encoder-decoder attention (tests/models/test_variant_sites.py
+    checks that such a module is built where the variant says)."""
     cli("fairseq-train", data / "mt", "--user-dir", plugin_copy, "--arch", "vanilla_iwslt", "--self-attn-mode",
-        "toy_half_temperature", *TINY_MT, *TRAIN, "--max-tokens", "300", "--save-dir", tmp_path)
+        "toy_half_temperature_everywhere", *TINY_MT, *TRAIN, "--max-tokens", "300", "--save-dir", tmp_path)
     state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
-    assert state["cfg"]["model"].self_attn_mode == "toy_half_temperature"
+    assert state["cfg"]["model"].self_attn_mode == "toy_half_temperature_everywhere"
     out = cli("fairseq-generate", data / "mt", "--user-dir", plugin_copy, "--path", tmp_path / "checkpoint_last.pt",
               "--gen-subset", "valid", "--beam", "3", "--batch-size", "5", "--cpu").stdout
     assert len(re.findall(r"^H-\d+", out, flags=re.M)) == 12  # every valid sentence, beam search in batches

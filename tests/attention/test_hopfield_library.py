@@ -10,7 +10,7 @@ import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from bet_fairseq.attention import VARIANTS
-from bet_fairseq.compat import OPTIONS_ADDED
+from bet_fairseq.compat import options_added
 from conftest import assert_decoding_consistent, full_forward, make_attention, padding_mask
 from reference import reference_attention, reference_hopfield_library
 
@@ -54,7 +54,8 @@ def test_the_default_is_the_library_configuration():
         assert 0.017 < float(proj.weight.std()) < 0.023 and torch.all(proj.bias == 0)
     for norm in (m.norm_state_pattern, m.norm_stored_pattern, m.norm_pattern_projection):
         assert torch.all(norm.weight == 1) and torch.all(norm.bias == 0) and norm.eps == 1e-5
-    assert OPTIONS_ADDED["hopfield_config"] == "attention"  # what a checkpoint saved before the option gets
+    # what a checkpoint saved before the option gets
+    assert options_added(m.options_class)["hopfield_config"].before == "attention"
 
 
 @pytest.mark.parametrize("options", CASES.values(), ids=CASES.keys())
@@ -168,14 +169,14 @@ def test_heads_must_divide_the_model_dimension():
 
 
 def test_a_new_checkpoint_stores_the_configuration_and_an_older_one_reads_attention():
-    """check_variant writes the default into the model options (so the checkpoint holds it); the value compat
+    """resolve_attention writes the default into the model options (so the checkpoint holds it); the value compat
     fills into a checkpoint from before the option is no error for another variant."""
     from argparse import Namespace
 
-    from bet_fairseq.attention import check_variant, variant_options
+    from bet_fairseq.attention import resolve_attention, variant_options
 
     args = Namespace(self_attn_mode="hopfield")
-    check_variant(args, H)
+    resolve_attention(args, H)
     assert args.hopfield_config == "library"
     cls, options = variant_options(Namespace(self_attn_mode="bet_sf", hopfield_config="attention"))
     assert cls.variant_name == "bet_sf"

@@ -12,7 +12,7 @@ import torch
 from bet_fairseq.attention import (
     VARIANTS,
     SelfAttentionVariant,
-    check_variant,
+    resolve_attention,
     register_variant,
     variant_options,
 )
@@ -135,7 +135,7 @@ BAD_VALUES = [
                          ids=[f"{m}-{next(iter(o))}={next(iter(o.values()))}" for m, o, _ in BAD_VALUES])
 def test_bad_option_values_are_clear_errors_naming_the_flag(mode, options, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        check_variant(Namespace(self_attn_mode=mode, **options), num_heads=H)  # before a model is built
+        resolve_attention(Namespace(self_attn_mode=mode, **options), num_heads=H)  # before a model is built
     with pytest.raises(ValueError, match=re.escape(message)):
         make_attention(mode, E, H, **options)
 

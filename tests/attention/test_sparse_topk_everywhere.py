@@ -12,7 +12,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from conftest import make_attention, padding_mask
 from reference import reference_attention, reference_topk_cross
 
-from bet_fairseq.attention import check_variant
+from bet_fairseq.attention import resolve_attention
 from bet_fairseq.attention.sparse_topk import SparseTopKAttention, parse_sites
 
 E, H, T, S, B = 16, 4, 6, 9, 3
@@ -149,9 +149,9 @@ def test_sites_parse_commas_and_spaces():
 ])
 def test_a_bad_value_names_the_flag(value, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        check_variant(Namespace(self_attn_mode="sparse_topk", sparse_topk_attention=value), H)
+        resolve_attention(Namespace(self_attn_mode="sparse_topk", sparse_topk_attention=value), H)
 
 
 def test_the_flag_with_another_mode_is_an_error():
     with pytest.raises(ValueError, match="--sparse-topk-attention es only applies to --self-attn-mode sparse_topk"):
-        check_variant(Namespace(self_attn_mode="vanilla", sparse_topk_attention="es"), H)
+        resolve_attention(Namespace(self_attn_mode="vanilla", sparse_topk_attention="es"), H)

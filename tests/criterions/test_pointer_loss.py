@@ -12,7 +12,7 @@ from bet_fairseq.criterions.label_smoothed_cross_entropy_with_pointer import (
     LabelSmoothedCrossEntropyWithPointerCriterion,
     pointer_loss,
 )
-from bet_fairseq.models.decoder import self_attention_modules
+from bet_fairseq.attention.capture import decoder_self_attentions
 from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 
 # Two layers, batch 1, two heads, three positions (causal rows). Hints: [0, 0, 1]; last row padded in
@@ -107,7 +107,7 @@ def test_pointer_term_matches_a_loop_over_captured_attention(built):
     crit = LabelSmoothedCrossEntropyWithPointerCriterion(task, False, 0.1, pointer_lambda=lam)
     base = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)
     loss, _, log = crit(model, sample)
-    modules = self_attention_modules(model)
+    modules = decoder_self_attentions(model)
     assert len(modules) == 2
     assert all(not m.capture_attention and m.captured_attention is None for m in modules)  # off again
 
@@ -139,7 +139,7 @@ def test_one_sgd_step_raises_attention_at_the_hints(built):
     model.train()
     sample = make_sample(task)
     hints = sample["syntax_hints"]
-    modules = self_attention_modules(model)
+    modules = decoder_self_attentions(model)
 
     def attention_at_hints():
         for m in modules:
@@ -214,7 +214,7 @@ def test_cli_options_reach_the_criterion(tmp_path):
     crit = task.build_criterion(args)
     assert isinstance(crit, LabelSmoothedCrossEntropyWithPointerCriterion)
     assert crit.pointer_lambda == 0.25 and crit.pointer_heads == "first"
-    assert all(m.variant_name == "vanilla" for m in self_attention_modules(model))
+    assert all(m.variant_name == "vanilla" for m in decoder_self_attentions(model))
 
 
 def test_an_underflowing_hinted_probability_keeps_its_true_loss_and_a_gradient(built):
@@ -225,7 +225,7 @@ def test_an_underflowing_hinted_probability_keeps_its_true_loss_and_a_gradient(b
     task, model = built[0], copy.deepcopy(built[1])
     model.eval()
     sample = make_sample(task)
-    modules = self_attention_modules(model)
+    modules = decoder_self_attentions(model)
     with torch.no_grad():
         for m in modules:  # huge logits: every row peaks on one key, the others get exp(-hundreds)
             m.q_proj.weight.mul_(400.0)

@@ -12,7 +12,7 @@ from cli_utils import (
     session_corpus, train_in_process,
 )
 
-from bet_fairseq.models.decoder import self_attention_modules
+from bet_fairseq.attention.capture import decoder_self_attentions
 
 N_TEST = 37  # the test split of tests/models/test_cli_end_to_end.py: one binarised corpus per session
 
@@ -24,7 +24,7 @@ def assert_checkpoint_has_form(path, form):
     assert "decoder.layers.0.self_attn.bet_out_proj2.weight" in state["model"]
     assert "decoder.layers.0.self_attn.bet_w" not in state["model"]
     models, _ = checkpoint_utils.load_model_ensemble([str(path)])
-    assert {str(a.options.bet_form) for a in self_attention_modules(models[0])} == {form}
+    assert {str(a.options.bet_form) for a in decoder_self_attentions(models[0])} == {form}
 
 
 def test_translation_with_the_authors_form_trains_and_generates(tmp_path_factory, tmp_path):

@@ -19,7 +19,7 @@ from cli_utils import (
 from bet_fairseq.attention import VARIANTS
 from bet_fairseq.attention.relative import RelativeSelfAttention
 from bet_fairseq import catalog
-from bet_fairseq.models.decoder import self_attention_modules
+from bet_fairseq.attention.capture import decoder_self_attentions
 from bet_fairseq.models.transformer_xl_lm import TransformerXLLanguageModel
 
 ARCHS = sorted(a for a, m in ARCH_MODEL_REGISTRY.items() if m.__module__.startswith("bet_fairseq."))
@@ -69,7 +69,7 @@ def assert_checkpoint_holds(path, variant):
     assert option(model_cfg, "self_attn_mode") == variant
     assert {name: str(option(model_cfg, name)) for name in given} == given
     models, _ = checkpoint_utils.load_model_ensemble([str(path)])
-    attentions = self_attention_modules(models[0])
+    attentions = decoder_self_attentions(models[0])
     assert len(attentions) == 2 and all(type(a) is VARIANTS[variant] for a in attentions)
     assert all({name: str(getattr(a.options, name)) for name in given} == given for a in attentions)
     return state
@@ -148,7 +148,7 @@ def test_every_architecture_name_builds(dicts, arch):
     row = row_of(arch)
     settings = dict(catalog.row(row).attention, **({"diag_scale": 0.5} if row == "diag_scale" else {})) if row else {}
     mode = settings.pop("self_attn_mode", "routing" if arch == "bet_routing_lm" else "vanilla")
-    attentions = self_attention_modules(model)
+    attentions = decoder_self_attentions(model)
     layers = [0] if row == "localness" else [0, 1]  # localness: the lower half of the 2 layers
     assert [a.variant_name for a in attentions] == [mode if i in layers else "vanilla" for i in range(2)]
     attentions = [attentions[i] for i in layers]

@@ -11,7 +11,7 @@ from fairseq import checkpoint_utils
 from cli_utils import LM_TRAIN, MT_TRAIN, USER_DIR, binarise_multi30k, binarise_wikitext2, eval_lm_in_process, \
     generate_in_process, session_corpus, train_in_process
 
-from bet_fairseq.models.decoder import self_attention_modules
+from bet_fairseq.attention.capture import decoder_self_attentions
 
 FLAGS = ["--hopfield-update-steps-max", "2", "--hopfield-update-steps-eps", "0.001", "--hopfield-heads", "2"]
 N_TEST = 37
@@ -36,7 +36,7 @@ def assert_library_checkpoint(path):
     assert stored == dict(self_attn_mode="hopfield", hopfield_config="library", hopfield_update_steps_max=2,
                           hopfield_update_steps_eps=0.001, hopfield_heads=2)
     models, _ = checkpoint_utils.load_model_ensemble([str(path)])
-    attentions = self_attention_modules(models[0])
+    attentions = decoder_self_attentions(models[0])
     assert len(attentions) == 2
     for a in attentions:
         assert a.options.hopfield_config == "library" and a.num_heads == 2 and a.hopfield_steps == 3

@@ -15,7 +15,7 @@ from cli_utils import (
 )
 
 from bet_fairseq.attention import VARIANTS
-from bet_fairseq.models.decoder import self_attention_modules
+from bet_fairseq.attention.capture import decoder_self_attentions
 
 LM = ["--task", "language_modeling"]
 
@@ -37,7 +37,7 @@ def test_the_variant_sits_in_the_named_layers_only(dicts, layers, expected):
     flags = ["--decoder-layers", "4", "--decoder-embed-dim", "32", "--decoder-attention-heads", "4"]
     flags += [] if layers is None else ["--self-attn-layers", layers]
     model = lm(dicts, "localness_lm", *flags)
-    kinds = [type(m) for m in self_attention_modules(model)]
+    kinds = [type(m) for m in decoder_self_attentions(model)]
     assert kinds == [VARIANTS["localness" if i in expected else "vanilla"] for i in range(4)]
     params = {n.split(".")[2] for n, _ in model.named_parameters() if "localness" in n}
     assert params == {str(i) for i in expected}

@@ -14,7 +14,7 @@ from cli_utils import TINY_LM, TINY_TRANSLATION, build_model, n_params, toy_dict
 from bet_fairseq.attention import VARIANTS
 from bet_fairseq.attention.sparse_topk import SparseTopKAttention
 from bet_fairseq import catalog
-from bet_fairseq.models.decoder import self_attention_modules
+from bet_fairseq.attention.capture import decoder_self_attentions
 
 MT = ["--task", "translation", "-s", "de", "-t", "en"]
 LM = ["--task", "language_modeling"]
@@ -80,7 +80,7 @@ def test_a_variant_adds_exactly_its_own_tensors(dicts, kind, variant):
     assert {k: v for k, v in base.items() if k in mine} == base, "a fairseq tensor is missing or has another shape"
     assert {k: v for k, v in mine.items() if k not in base} == {**params, **buffers}
     assert n_params(model) - n_params(fairseq_model) == sum(math.prod(shape) for shape in params.values())
-    attentions = self_attention_modules(model)
+    attentions = decoder_self_attentions(model)
     assert len(attentions) == LAYERS and all(type(a) is VARIANTS[variant] for a in attentions)
     if kind == "translation":  # only the decoder self-attention changes (sparse_topk: also the encoder and the
         # cross-attention, Zhao et al.'s code's default; same parameters, tested in test_sparse_topk_cli.py)
@@ -105,7 +105,7 @@ def test_bet_sf_adds_exactly_w_at_full_size(dicts, base, bet, task):
     assert n_params(model) - n_params(vanilla) == len(layers) * heads * 2 * head_dim
     shared = build(dicts, task, bet, "--bet-share-w")
     assert n_params(shared) - n_params(vanilla) == len(layers) * 2 * head_dim
-    assert [a.variant_name for a in self_attention_modules(model)] == ["bet_sf"] * len(layers)
+    assert [a.variant_name for a in decoder_self_attentions(model)] == ["bet_sf"] * len(layers)
     sizes = (len(layers), model.decoder.embed_dim, heads)
     assert sizes == {"bet_sf_iwslt": (6, 512, 4), "bet_sf_wmt_en_de": (6, 512, 8), "bet_sf_lm": (6, 300, 4),
                      "bet_sf_lm_enwik8": (6, 512, 4)}[bet]

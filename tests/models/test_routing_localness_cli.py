@@ -14,7 +14,7 @@ from cli_utils import (
     generate_in_process, session_corpus, toy_dictionaries, train_in_process,
 )
 
-from bet_fairseq.models.decoder import self_attention_modules
+from bet_fairseq.attention.capture import decoder_self_attentions
 
 N_TEST = 37  # the test split of tests/models/test_cli_end_to_end.py: one binarised corpus per session
 
@@ -29,7 +29,7 @@ def option(cfg, name):
 
 def attentions(path, variant):
     models, _ = checkpoint_utils.load_model_ensemble([str(path)])
-    return [m for m in self_attention_modules(models[0]) if m.variant_name == variant]
+    return [m for m in decoder_self_attentions(models[0]) if m.variant_name == variant]
 
 
 def without_options(path, out, *names):
@@ -77,7 +77,7 @@ def test_separate_qk_flag_builds_version_0_1_routing(tmp_path):
     data = toy_dictionaries(tmp_path)
     model, _, _ = build_model([data, "--task", "language_modeling", "--user-dir", USER_DIR, "--arch", "routing_lm",
                                *TINY_LM, "--routing-separate-qk", "--routing-commitment", "0"])
-    mods = self_attention_modules(model)
+    mods = decoder_self_attentions(model)
     assert mods and all(not m.shared_qk and m.commitment == 0.0 for m in mods)
 
 

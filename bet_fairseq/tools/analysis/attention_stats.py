@@ -165,14 +165,14 @@ class AttentionStatsAccumulator:
             self.sums[matrix][layer] = LayerSums()
         self.sums[matrix][layer].add(part)
 
-    def add_attentions(self, attentions, valid: torch.Tensor):
-        """Add what each capturing ``SelfAttentionVariant`` stored in its last forward."""
-        for layer, attn in enumerate(attentions):
-            if attn.captured_attention is None:
+    def add_attentions(self, captured, valid: torch.Tensor):
+        """Add what each layer recorded in the last forward (``AttentionCapture.layers()``)."""
+        for layer, record in enumerate(captured):
+            if record.probs is None:
                 raise RuntimeError(f"decoder layer {layer + 1} captured no attention")
-            self.add("final", layer, attn.captured_attention, valid)
-            if attn.captured_first_pass is not None:
-                self.add("first_pass", layer, attn.captured_first_pass, valid)
+            self.add("final", layer, record.probs, valid)
+            if record.first_pass is not None:
+                self.add("first_pass", layer, record.first_pass, valid)
         self.sentences += int(valid.size(0))
         self.tokens += int(valid.sum())
 
@@ -222,28 +222,27 @@ def collect_attention_stats(model, attentions, batches: Iterable, pad_idx: int,
                             ca_rows: str = "all", ha_over: str = "head-mean") -> AttentionStatsAccumulator:
     """Teacher-force ``model`` over ``batches`` (fairseq samples) and accumulate Table 1 sums.
 
-    ``attentions``: the decoder self-attention modules (``capture.decoder_self_attentions``); capture
-    is switched on for the duration. ``progress``: an optional callable wrapping the iterable (tqdm).
+    ``attentions``: the decoder self-attention modules (``attention.capture.decoder_self_attentions``);
+    capture is switched on for the duration. ``progress``: an optional callable wrapping the iterable (tqdm).
     ``ca_rows`` / ``ha_over``: the definitions (default: the paper's); ``include_first_row``, when
     given, sets ``ca_rows`` (the old switch).
     """
-    from .capture import capturing
+    from ..attention.capture import capture_attention
 
     was_training = model.training
     model.eval()
     acc = AttentionStatsAccumulator(len(attentions), ca_rows, ha_over, include_first_row)
     iterable = progress(batches) if progress is not None else batches
     try:
-        with capturing(attentions):
+        with capture_attention(attentions) as captured:
             for sample in iterable:
                 if not sample or "net_input" not in sample:
                     continue
                 net_input = right_padded(move_to(sample["net_input"], device), pad_idx)
-                for a in attentions:  # never count a previous batch's matrix twice
-                    a.captured_attention = a.captured_first_pass = None
+                captured.clear()  # never count a previous batch's matrix twice
                 run_teacher_forced(model, net_input)
                 valid = decoder_input_tokens(net_input).ne(pad_idx)
-                acc.add_attentions(attentions, valid)
+                acc.add_attentions(captured.layers(), valid)
     finally:
         model.train(was_training)
     return acc

@@ -134,12 +134,12 @@ def build_parser():
 def cmd_stats(args):
     from tqdm import tqdm
 
+    from ..attention.capture import decoder_self_attentions
     from .attention_stats import collect_attention_stats
-    from .capture import decoder_self_attentions
     from .loading import load_checkpoint, split_batches
 
     loaded = load_checkpoint(args.checkpoint, args.data, args.overrides, args.cpu)
-    attentions = decoder_self_attentions(loaded.model)
+    attentions = decoder_self_attentions(loaded.model, convert=True)
     batches, n_split = split_batches(loaded, args.split, args.max_tokens, args.batch_size)
     total = len(batches) if args.max_batches is None else min(len(batches), args.max_batches)
 

@@ -4,8 +4,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..attention.capture import capture_attention
 from .attention_stats import decoder_input_tokens, move_to, right_padded, run_teacher_forced
-from .capture import capturing, decoder_self_attentions
 
 
 @torch.no_grad()
@@ -15,18 +15,18 @@ def sentence_attention(loaded, sample: Dict) -> Dict:
     else None)."""
     model = loaded.model
     model.eval()
-    attentions = decoder_self_attentions(model)
     net_input = right_padded(move_to(sample["net_input"], loaded.device), model.decoder.padding_idx)
     tokens = decoder_input_tokens(net_input)
     if tokens.size(0) != 1:
         raise ValueError("sentence_attention takes a one-sentence sample")
-    with capturing(attentions):
+    with capture_attention(model, convert=True) as captured:
         run_teacher_forced(model, net_input)
         keep = tokens[0].ne(model.decoder.padding_idx)
         idx = keep.nonzero().squeeze(1)
-        final = [a.captured_attention[0][:, idx][:, :, idx].float().cpu() for a in attentions]
-        first = [None if a.captured_first_pass is None else a.captured_first_pass[0][:, idx][:, :, idx].float().cpu()
-                 for a in attentions]
+        layers = captured.layers()
+        final = [layer.probs[0][:, idx][:, :, idx].float().cpu() for layer in layers]
+        first = [None if layer.first_pass is None else layer.first_pass[0][:, idx][:, :, idx].float().cpu()
+                 for layer in layers]
     d = loaded.decoder_dictionary
     input_ids = tokens[0][idx].tolist()
     target = None

@@ -51,12 +51,12 @@ def _read_json(path):
 
 def table1(checkpoint, data, max_batches):
     """Table 1 statistics (the paper's definitions) of a checkpoint's decoder self-attention on ``valid``."""
+    from bet_fairseq.attention.capture import decoder_self_attentions
     from ..analysis.attention_stats import collect_attention_stats
-    from ..analysis.capture import decoder_self_attentions
     from ..analysis.loading import load_checkpoint, split_batches
 
     loaded = load_checkpoint(checkpoint, data, cpu=not executor.has_cuda())
-    attentions = decoder_self_attentions(loaded.model)
+    attentions = decoder_self_attentions(loaded.model, convert=True)
     batches, n_split = split_batches(loaded, "valid")
     if max_batches:
         batches = itertools.islice(batches, max_batches)
