@@ -227,7 +227,7 @@ def collect_attention_stats(model, attentions, batches: Iterable, pad_idx: int,
     ``ca_rows`` / ``ha_over``: the definitions (default: the paper's); ``include_first_row``, when
     given, sets ``ca_rows`` (the old switch).
     """
-    from ..attention.capture import capture_attention
+    from bet_fairseq.attention.capture import capture_attention
 
     was_training = model.training
     model.eval()

@@ -134,7 +134,7 @@ def build_parser():
 def cmd_stats(args):
     from tqdm import tqdm
 
-    from ..attention.capture import decoder_self_attentions
+    from bet_fairseq.attention.capture import decoder_self_attentions
     from .attention_stats import collect_attention_stats
     from .loading import load_checkpoint, split_batches
 

@@ -4,7 +4,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..attention.capture import capture_attention
+from bet_fairseq.attention.capture import capture_attention
 from .attention_stats import decoder_input_tokens, move_to, right_padded, run_teacher_forced
 
 
