@@ -15,6 +15,7 @@ from fairseq.dataclass import FairseqDataclass
 
 from ..compat import OPTIONS_ADDED
 from .base import Attended, SelfAttentionVariant  # noqa: F401
+from ..errors import InputError
 
 VARIANTS: Dict[str, Type[SelfAttentionVariant]] = {}
 
@@ -84,7 +85,7 @@ def variant_options(args, mode: Optional[str] = None):
     """
     mode = str(_get(args, "self_attn_mode", None) or "vanilla") if mode is None else mode
     if mode not in VARIANTS:
-        raise ValueError(f"--self-attn-mode: unknown variant {mode!r}; choose one of {', '.join(sorted(VARIANTS))}")
+        raise InputError(f"--self-attn-mode: unknown variant {mode!r}; choose one of {', '.join(sorted(VARIANTS))}")
     cls = VARIANTS[mode]
     own = set() if cls.options_class is None else {f.name for f in option_fields(cls.options_class)}
     for other in option_classes():
@@ -94,7 +95,7 @@ def variant_options(args, mode: Optional[str] = None):
             if f.name not in own and value is not None and value != f.default and not (
                     f.name in OPTIONS_ADDED and value == OPTIONS_ADDED[f.name]):
                 users = [n for n, c in VARIANTS.items() if c.options_class is other]
-                raise ValueError(f"{_flag(f.name)} {value} only applies to --self-attn-mode "
+                raise InputError(f"{_flag(f.name)} {value} only applies to --self-attn-mode "
                                  f"{'/'.join(users)} (the mode is {mode!r})")
     options = None
     if cls.options_class is not None:

@@ -22,6 +22,7 @@ from fairseq.utils import safe_getattr
 from ..compat import option_added
 from ..core.functional import top_k_keep
 from . import SelfAttentionVariant, register_variant, variant_options
+from ..errors import InputError
 
 DEFAULT_SPARSE_TOPK = 8
 SITES = {"es": "encoder self-attention", "ds": "decoder self-attention", "dc": "encoder-decoder attention"}
@@ -52,11 +53,11 @@ def parse_sites(value) -> FrozenSet[str]:
     """The attentions ``--sparse-topk-attention`` names ("es,dc", "es ds dc" or a list), checked."""
     parts = [str(p) for p in value] if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
     if not parts:
-        raise ValueError(f"--sparse-topk-attention: name at least one of {', '.join(SITES)} (got {value!r})")
+        raise InputError(f"--sparse-topk-attention: name at least one of {', '.join(SITES)} (got {value!r})")
     for part in parts:
         if part not in SITES:
             choices = ", ".join(f"{name} ({what})" for name, what in SITES.items())
-            raise ValueError(f"--sparse-topk-attention: {part!r} is not one of {choices} (got {value!r})")
+            raise InputError(f"--sparse-topk-attention: {part!r} is not one of {choices} (got {value!r})")
     return frozenset(parts)
 
 
@@ -66,7 +67,7 @@ class SparseTopKSelfAttention(SelfAttentionVariant):
     def check_options(cls, options, num_heads):
         k = options.sparse_topk
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise ValueError(f"--sparse-topk must be a whole number >= 1 (the logits kept per row), got {k!r}")
+            raise InputError(f"--sparse-topk must be a whole number >= 1 (the logits kept per row), got {k!r}")
         parse_sites(options.sparse_topk_attention)
 
     @property

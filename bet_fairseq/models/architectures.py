@@ -15,6 +15,7 @@ from fairseq.models.transformer_lm import base_lm_architecture
 from fairseq.utils import safe_getattr
 
 from . import transformer, transformer_lm  # noqa: F401  (the models the table registers for)
+from ..errors import InputError
 
 # row -> the attention options it sets (the rows of the paper's Table 2).
 ROWS = {
@@ -74,7 +75,7 @@ def lm_defaults(args):
 
 def _row_settings(args, arch_name, row):
     if row == "diag_scale" and safe_getattr(args, "diag_scale", None) is None:
-        raise ValueError(f"--arch {arch_name} needs --diag-scale C (C > 0)")
+        raise InputError(f"--arch {arch_name} needs --diag-scale C (C > 0)")
     fill(args, **ROWS[row])
 
 

@@ -23,11 +23,13 @@ import torch
 from fairseq.data import BaseWrapperDataset
 from fairseq.data.indexed_dataset import MMapIndexedDataset, _code_to_dtype
 
+from ..errors import InputError
+
 
 HINT_PAD = -1
 
 
-class SyntaxHintError(ValueError):
+class SyntaxHintError(InputError):
     """A hint file that does not match the data it should annotate."""
 
 
