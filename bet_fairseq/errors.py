@@ -111,22 +111,26 @@ def _nearest_existing(path):
     return path
 
 
-def check_writable_folder(path, option):
-    """Fail now, before any work, when ``path`` (a folder to be written, created if absent) cannot be
-    written: not a folder, under a file, or not writable. Creates nothing."""
-    existing = _nearest_existing(path)
-    what = f"{option} {path}"
+def _check_writable(path, folder, option):
+    existing = _nearest_existing(folder)
     if not os.path.isdir(existing):
         where = "is a file" if existing == os.path.abspath(path) else f"would be under the file {existing}"
-        raise InputError(f"{what}: {where}, not a folder: choose another {option}")
+        raise InputError(f"{option} {path}: {where}, not a folder: choose another {option}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise InputError(f"{what}: {existing} is not writable: choose another {option} or fix its permissions")
+        raise InputError(f"{option} {path}: {existing} is not writable: choose another {option} or fix its "
+                         "permissions")
+
+
+def check_writable_folder(path, option):
+    """Fail now, before any work, when ``path`` (a folder to be written, created if absent) cannot be
+    written: a file, under a file, or not writable. Creates nothing."""
+    _check_writable(path, path, option)
     return path
 
 
 def check_writable_file(path, option):
-    """``check_writable_folder`` for the folder of an output file, and the file itself is not a folder."""
+    """The same for an output file: its folder can be written and the file is not a folder."""
     if os.path.isdir(path):
         raise InputError(f"{option} {path} is a folder; give a file name")
-    check_writable_folder(os.path.dirname(os.path.abspath(path)), option)
+    _check_writable(path, os.path.dirname(os.path.abspath(path)), option)
     return path

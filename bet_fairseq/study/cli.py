@@ -210,6 +210,14 @@ def main(argv=None):
         if args.scale == "paper" and not args.run:
             print("not running: --scale paper runs only with --run (on a GPU machine)")
         return 0
+    from ..errors import InputError, check_writable_folder, one_line
+
+    try:  # now, not after hours of runs
+        check_writable_folder(out, "--out")
+        check_writable_folder(work, "--work-dir")
+    except InputError as exc:
+        print(one_line("bet-reproduce", exc), file=sys.stderr)
+        return 2
     from . import report
     from . import runs as U
 
