@@ -189,6 +189,9 @@ def default_out(scale, work):
 
 
 def main(argv=None):
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()  # fairseq's import-time tensorboardX line and the like, when runs are in process
     started = time.time()
     parser = build_parser()
     args = parser.parse_args(argv)
