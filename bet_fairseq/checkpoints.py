@@ -5,8 +5,8 @@ fairseq loads whatever ``torch.load`` returns: an empty file is a bare ``EOFErro
 weights that beam search trips over much later). With the plugin loaded (``compat.check_checkpoints``):
 
 - saving (``checkpoint_utils.torch_persistent_save``) records a SHA-256 of the model's state (every
-  tensor's name, dtype, shape and bytes; 0.28 s for 42M float32 parameters, the IWSLT model's size, on this 2-core CPU) in the
-  checkpoint's ``extra_state`` under ``DIGEST_KEY``;
+  tensor's name, dtype, shape and bytes; 0.28 s for 42M float32 parameters, the IWSLT model's size, on a
+  2-core CPU) in the checkpoint's ``extra_state`` under ``DIGEST_KEY``;
 - loading (``checkpoint_utils.load_checkpoint_to_cpu``) refuses, as a ``CheckpointError`` naming the
   file: an empty file, a file torch cannot read (or whose pickle holds more than tensors and plain
   containers: weights-only loading stays on), a state without ``model`` (not a fairseq checkpoint), a
