@@ -24,6 +24,19 @@ Tools that do not run models (``bet-syntax-hints``, ``bet-results``) never impor
    whose field declares ``option_added(version, before)`` in its metadata and that the stored configuration
    lacks is set to ``before``, the value that reproduces what the checkpoint was trained with. Checkpoints
    of other models are untouched.
+7. ``report_input_errors``  fairseq's commands run the plugin inside their own ``cli_main``, so an
+   option error of ours (``--self-attn-layers 9-12`` on 6 layers, ``--pointer-lambda nan``) was the last
+   line of a long traceback. ``sys.excepthook`` gets one more case: an uncaught ``errors.InputError`` is
+   one line on stderr and exit status 2; every other exception keeps its traceback (``errors``).
+8. ``check_checkpoints``  ``load_checkpoint_to_cpu`` refuses an empty, unreadable or non-fairseq file, a
+   model whose recorded digest differs and non-finite weights, naming the file; ``torch_persistent_save``
+   records the model's digest in ``extra_state`` (``checkpoints``). ``weights_only`` stays on.
+9. ``refuse_half_precision_without_device``  ``fairseq-train --fp16`` / ``--amp`` without a CUDA GPU and
+   ``--bf16`` without a TPU (fairseq 0.12's ``--bf16`` sets ``--tpu``) crashed inside fairseq (``Torch not
+   compiled with CUDA``, ``'NoneType' object has no attribute 'xla_device'``); ``call_main`` of
+   fairseq-train first checks for the device and says what to do.
+10. ``quiet_third_party_noise``  hydra's deprecation warnings and the other third-party noise listed in
+   ``quiet``, each filtered by its message (and module); nothing else is hidden.
 
 Distributed training, in detail. fairseq 0.12 gets three things wrong when launched by ``torchrun``
 without GPUs:
@@ -314,6 +327,87 @@ def upgrade_older_checkpoints():
     checkpoint_utils._upgrade_state_dict = _upgrade_state_dict
 
 
+# ------------------------------------------------------------------------------- one-line errors, checkpoints
+def report_input_errors():
+    from . import errors
+
+    errors.install_excepthook()
+
+
+def check_checkpoints():
+    from fairseq import checkpoint_utils
+
+    from . import checkpoints
+
+    if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "_bet_checks_checkpoints", False):
+        checkpoint_utils.load_checkpoint_to_cpu = checkpoints.checked_loader(checkpoint_utils.load_checkpoint_to_cpu)
+    if not getattr(checkpoint_utils.torch_persistent_save, "_bet_adds_digest", False):
+        checkpoint_utils.torch_persistent_save = checkpoints.digesting_saver(checkpoint_utils.torch_persistent_save)
+    original = checkpoint_utils._upgrade_state_dict  # called with the state torch.load returned
+    if not getattr(original, "_bet_verifies_state", False):
+        def _upgrade_state_dict(state):
+            checkpoints.on_loaded(state)
+            return original(state)
+
+        _upgrade_state_dict._bet_verifies_state = True
+        checkpoint_utils._upgrade_state_dict = _upgrade_state_dict
+
+
+# ------------------------------------------------------------------------------- half precision
+GPU_HALF_PRECISION = ("fp16", "memory_efficient_fp16", "amp")
+TPU_HALF_PRECISION = ("bf16", "memory_efficient_bf16")  # fairseq 0.12: --bf16 sets --tpu (torch_xla)
+
+
+def half_precision_problem(common):
+    """Why fairseq-train cannot train with the half-precision flags of ``common`` here, or None: --fp16,
+    --memory-efficient-fp16 and --amp need a CUDA GPU; --bf16 (which fairseq 0.12 turns into --tpu) needs
+    torch_xla, i.e. a TPU."""
+    import importlib.util
+
+    gpu = [f for f in GPU_HALF_PRECISION if getattr(common, f, False) is True]
+    tpu = [f for f in TPU_HALF_PRECISION if getattr(common, f, False) is True]
+    if tpu and importlib.util.find_spec("torch_xla") is None:
+        flag = "--" + tpu[-1].replace("_", "-")
+        return (f"{flag}: fairseq 0.12 trains bfloat16 only on a TPU ({flag} sets --tpu, which needs torch_xla, "
+                "not installed here); on a CUDA GPU use --fp16 or --amp, on the CPU drop the flag (float32)")
+    if not gpu:
+        return None
+    flag = "--" + gpu[-1].replace("_", "-")
+    if getattr(common, "cpu", False) is True:
+        return (f"{flag} with --cpu: fairseq trains in half precision only on a CUDA GPU; drop {flag} to train in "
+                "float32 on the CPU")
+    if not torch.cuda.is_available():
+        return (f"{flag}: fairseq trains in half precision only on a CUDA GPU, and torch sees none here; drop "
+                f"{flag} to train in float32 on the CPU")
+    return None
+
+
+def refuse_half_precision_without_device():
+    from fairseq.distributed import utils as dist_utils
+
+    from .errors import InputError
+
+    original = dist_utils.call_main
+    if getattr(original, "_bet_checks_precision", False):
+        return
+
+    def call_main(cfg, main, **kwargs):
+        if getattr(main, "__module__", None) == "fairseq_cli.train":  # fairseq-train, fairseq-hydra-train
+            problem = half_precision_problem(getattr(cfg, "common", cfg))
+            if problem:
+                raise InputError(problem)
+        return original(cfg, main, **kwargs)
+
+    call_main._bet_checks_precision = True
+    dist_utils.call_main = call_main
+
+
+def quiet_third_party_noise():
+    from .quiet import quiet_third_party
+
+    quiet_third_party()
+
+
 # ------------------------------------------------------------------------------- --help
 _HELP_GROUPS = []  # (group title, FairseqDataclass class)
 
@@ -351,3 +445,7 @@ def install():
     restore_np_compat_long()
     show_plugin_options_in_help()
     upgrade_older_checkpoints()
+    report_input_errors()
+    check_checkpoints()
+    refuse_half_precision_without_device()
+    quiet_third_party_noise()

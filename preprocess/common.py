@@ -11,6 +11,7 @@ same bytes) still matches, so hours of preparation are not redone for a timestam
 
 import gzip
 import hashlib
+import http.client
 import io
 import json
 import os
@@ -18,21 +19,45 @@ import shutil
 import sys
 import tarfile
 import unicodedata
+import urllib.error
 import urllib.request
 import zipfile
 from multiprocessing import Pool
+from typing import NamedTuple, Optional
 
 from tqdm import tqdm
 
+from bet_fairseq import __version__
+from bet_fairseq.errors import InputError, check_writable_folder, install_excepthook, run_tool
 from bet_fairseq.files import atomic_path, atomic_write
 
+# a PrepareError that reaches the top of any command using these steps (bet-prepare-*, the demo,
+# bet-reproduce) is one line and exit status 2, not a traceback
+install_excepthook()
 
-class PrepareError(SystemExit):
-    """A clear, user-facing failure (bad, truncated or missing input); exits with status 1."""
+
+class PrepareError(InputError):
+    """A clear, user-facing failure (bad, truncated or missing input): one line, exit status 2."""
 
     def __init__(self, message):
-        super().__init__(f"error: {message}")
+        super().__init__(message)
         self.message = message
+
+
+INTERRUPTED = ("interrupted; finished steps are kept (OUT_DIR/.done) and the step that was running starts again: "
+               "run the same command to go on")
+
+
+def cli(prog, main):
+    """A ``bet-prepare-*`` command: errors one line (status 2), Ctrl-C one line (status 130), quiet workers."""
+    sys.exit(run_tool(prog, main, None, interrupted=INTERRUPTED))
+
+
+def check_output_folders(args):
+    """--out-dir and --bin-dir can be written: checked before any download or step."""
+    check_writable_folder(args.out_dir, "--out-dir")
+    if getattr(args, "bin_dir", None):
+        check_writable_folder(args.bin_dir, "--bin-dir")
 
 
 def log(message):
@@ -208,15 +233,31 @@ def check_line_count(path, expected, what):
 
 # ----------------------------------------------------------------------------- archives, downloads
 
-def download(url, dest, expected_md5=None,
-             offline_hint="download the release elsewhere and pass its folder with --raw-dir"):
-    """Fetch ``url`` to ``dest`` (atomic); a clear error, ending with ``offline_hint``, when there is no network."""
-    if os.path.exists(dest):
-        log(f"{dest} already exists, skipping download")
-        return dest
-    log(f"downloading {url} -> {dest}")
+class Source(NamedTuple):
+    """Where an archive can be downloaded, and its published SHA-256 and size in bytes (None where no
+    published value was found: then only the length the server announces is checked, and the digest
+    that came is logged; docs/data_and_runs.md lists these gaps)."""
+
+    url: str
+    sha256: Optional[str] = None
+    size: Optional[int] = None
+
+
+# Some mirrors (wikitext.smerity.com) refuse urllib's default "Python-urllib/3.x" agent.
+USER_AGENT = f"Mozilla/5.0 (compatible; bet-fairseq/{__version__}; +https://github.com/facebookresearch/fairseq)"
+RAW_DIR_HINT = "download it elsewhere and pass its folder with --raw-dir"
+
+
+class _Refused(Exception):
+    """One source did not give the archive; the message says what came back."""
+
+
+def _fetch(source, dest, timeout):
+    """``source`` into ``dest`` (atomic), checked against its size and SHA-256; returns (size, sha256)."""
+    request = urllib.request.Request(source.url, headers={"User-Agent": USER_AGENT})
+    digest = hashlib.sha256()
     try:
-        with urllib.request.urlopen(url, timeout=60) as resp, atomic_write(dest, "wb") as out:
+        with urllib.request.urlopen(request, timeout=timeout) as resp, atomic_write(dest, "wb") as out:
             total = int(resp.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, leave=False) as bar:
                 while True:
@@ -224,17 +265,59 @@ def download(url, dest, expected_md5=None,
                     if not chunk:
                         break
                     out.write(chunk)
+                    digest.update(chunk)
                     bar.update(len(chunk))
-            if total is not None and out.tell() != total:
-                raise PrepareError(f"download of {url} stopped at {out.tell():,} of {total:,} bytes")
-    except PrepareError:
-        raise
-    except OSError as exc:
-        raise PrepareError(f"could not download {url} ({exc}). Without a network, {offline_hint}.")
-    if expected_md5 is not None and file_digest(dest, "md5") != expected_md5:
-        os.remove(dest)
-        raise PrepareError(f"{dest}: checksum mismatch (corrupt download), removed it; run again")
-    return dest
+            got = out.tell()
+            if total is not None and got != total:
+                raise _Refused(f"the transfer stopped at {got:,} of {total:,} bytes")
+            if source.size is not None and got != source.size:
+                raise _Refused(f"{got:,} bytes, the release has {source.size:,}")
+            if source.sha256 is not None and digest.hexdigest() != source.sha256:
+                raise _Refused(f"SHA-256 {digest.hexdigest()}, the release's is {source.sha256}")
+    except urllib.error.HTTPError as exc:
+        raise _Refused(f"HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise _Refused(f"no connection ({exc.reason})") from None
+    except (OSError, http.client.HTTPException) as exc:  # a reset connection, a short read, a timeout
+        raise _Refused(f"{type(exc).__name__}: {exc}") from None
+    return got, digest.hexdigest()
+
+
+def download(sources, dest, offline_hint=RAW_DIR_HINT, timeout=60):
+    """Fetch the first of ``sources`` (Source, or URL strings) that gives the archive into ``dest`` (atomic),
+    each checked against its recorded size and SHA-256; a PrepareError naming every URL, what came back
+    and ``offline_hint`` when none does. An existing ``dest`` is checked the same way and kept."""
+    sources = [Source(s) if isinstance(s, str) else s for s in ([sources] if isinstance(sources, (str, Source))
+                                                                else sources)]
+    if os.path.exists(dest):
+        _check_existing(dest, sources)
+        log(f"{dest} already exists, skipping download")
+        return dest
+    failures = []
+    for source in sources:
+        log(f"downloading {source.url} -> {dest}")
+        try:
+            size, sha256 = _fetch(source, dest, timeout)
+        except _Refused as exc:
+            failures.append(f"{source.url}: {exc}")
+            log(f"  failed: {exc}")
+            continue
+        if source.sha256 is None:
+            log(f"note: no SHA-256 is recorded for {source.url}; only its length was checked (got {size:,} bytes, "
+                f"SHA-256 {sha256})")
+        return dest
+    raise PrepareError(f"could not download {os.path.basename(dest)}: {'; '.join(failures)}. {offline_hint[0].upper()}"
+                       f"{offline_hint[1:]}")
+
+
+def _check_existing(dest, sources):
+    recorded = {(s.sha256, s.size) for s in sources if s.sha256 is not None}
+    if not recorded:
+        return
+    size, sha256 = os.path.getsize(dest), file_digest(dest)
+    if (sha256, size) not in recorded:
+        raise PrepareError(f"{dest}: {size:,} bytes with SHA-256 {sha256}, not the release ({sources[0].url}): "
+                           "a truncated or other file; delete it to download again, or use --raw-dir")
 
 
 def extract(archive, dest_dir):

@@ -16,7 +16,8 @@ import zipfile
 from . import common
 from .common import PrepareError, Steps, log
 
-URL = "http://mattmahoney.net/dc/enwik8.zip"
+# No published SHA-256 found (the unzipped enwik8 is checked for its 100,000,000 bytes): see docs/data_and_runs.md.
+URL = common.Source("http://mattmahoney.net/dc/enwik8.zip")
 FULL_SIZE = 100_000_000
 STANDARD_HELD_OUT = 5_000_000
 SPLITS = ("train", "valid", "test")
@@ -80,6 +81,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    common.check_output_folders(args)
     out = os.path.abspath(args.out_dir)
     orig = os.path.join(out, "orig")
     bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))
@@ -121,7 +123,7 @@ def main(argv=None):
 
 
 def cli_main():
-    main()
+    common.cli("bet-prepare-enwik8", main)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ import shutil
 from . import common
 from .common import PrepareError, Steps, log
 
-URL = "http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
+# No published SHA-256 or size found for this archive: a documented gap (docs/data_and_runs.md); the download
+# logs the digest that came.
+URL = common.Source("http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz")
 SRC, TGT = "de", "en"
 PAIR = "de-en"
 TEST_SETS = ("IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010", "IWSLT14.TED.tst2011",
@@ -88,6 +90,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    common.check_output_folders(args)
     out = os.path.abspath(args.out_dir)
     tmp, orig = os.path.join(out, "tmp"), os.path.join(out, "orig")
     bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))
@@ -169,7 +172,7 @@ def main(argv=None):
 
 
 def cli_main():
-    main()
+    common.cli("bet-prepare-iwslt14", main)
 
 
 if __name__ == "__main__":

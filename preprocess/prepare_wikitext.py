@@ -14,12 +14,21 @@ import os
 from . import common
 from .common import PrepareError, Steps, log
 
+# The author's own mirror first; the original S3 bucket (403 since 2024) second, in case it returns. The
+# SHA-256 and sizes are those of the S3 release as recorded by huggingface/datasets
+# (datasets/wikitext/dataset_infos.json); the mirror serves the same zip.
+MIRROR, S3 = "https://wikitext.smerity.com", "https://s3.amazonaws.com/research.metamind.io/wikitext"
 RELEASES = {
-    "wikitext-2": {"url": "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-2-v1.zip",
-                   "lines": {"train": 36718, "valid": 3760, "test": 4358}},
-    "wikitext-103": {"url": "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip",
-                     "lines": {"train": 1801350, "valid": 3760, "test": 4358}},
+    "wikitext-2": {"zip": "wikitext-2-v1.zip", "lines": {"train": 36718, "valid": 3760, "test": 4358},
+                   "sha256": "92675f1d63015c1c8b51f1656a52d5bdbc33aafa60cc47a218a66e7ee817488c", "size": 4475746},
+    "wikitext-103": {"zip": "wikitext-103-v1.zip", "lines": {"train": 1801350, "valid": 3760, "test": 4358},
+                     "sha256": "242ba0f20b329cfdf1ccc61e9e9e5b59becf189db7f7a81cd2a0e2fc31539590", "size": 190229076},
 }
+
+
+def sources(release):
+    """The places to download a release's zip from, each with its recorded SHA-256 and size."""
+    return [common.Source(f"{base}/{release['zip']}", release["sha256"], release["size"]) for base in (MIRROR, S3)]
 SPLITS = ("train", "valid", "test")
 
 
@@ -43,6 +52,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    common.check_output_folders(args)
     out = os.path.abspath(args.out_dir)
     orig = os.path.join(out, "orig")
     bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))
@@ -53,10 +63,10 @@ def main(argv=None):
     roots = [args.raw_dir, orig] if args.raw_dir else [orig]
     files = {s: locate(roots, s) for s in SPLITS}
     if None in files.values():
-        zip_name = os.path.basename(release["url"])
+        zip_name = release["zip"]
         archive = common.find_file(roots, zip_name)
         if archive is None and not args.raw_dir:
-            archive = common.download(release["url"], os.path.join(orig, zip_name))
+            archive = common.download(sources(release), os.path.join(orig, zip_name))
         if archive is None:
             missing = [s for s in SPLITS if files[s] is None]
             raise PrepareError(f"{args.raw_dir}: no wiki.{missing[0]}.tokens / {missing[0]}.txt and no {zip_name}")
@@ -95,7 +105,7 @@ def main(argv=None):
 
 
 def cli_main():
-    main()
+    common.cli("bet-prepare-wikitext", main)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    common.check_output_folders(args)
     out = os.path.abspath(args.out_dir)
     tmp, orig = os.path.join(out, "tmp"), os.path.join(out, "orig")
     bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))
@@ -170,7 +171,7 @@ def main(argv=None):
 
 
 def cli_main():
-    main()
+    common.cli("bet-prepare-wmt17", main)
 
 
 if __name__ == "__main__":

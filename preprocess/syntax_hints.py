@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from bet_fairseq.errors import InputError, check_writable_folder, run_tool
 from bet_fairseq.files import atomic_path, atomic_write
 
 from .hint_rules import BPE_MARKER, SUBWORD_POLICIES, doc_hints, split_bpe
@@ -46,7 +47,7 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
 MAX_DEFAULT_WORKERS = 8
 
 
-class HintInputError(ValueError):
+class HintInputError(InputError):
     """Input that does not match: names the file and the line."""
 
 
@@ -183,8 +184,16 @@ def hints_for_lines(nlp, lines, subword_policy="word", marker=BPE_MARKER, unesca
 
 # ---------------------------------------------------------------------------------------------
 def _read_token_counts(path):
-    with open(path, encoding="utf-8") as f:
-        return [len(line.split()) for line in f]
+    """Tokens per line; a line that is not UTF-8 is a HintInputError naming the file and the line."""
+    counts = []
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                counts.append(len(raw.decode("utf-8").split()))
+            except UnicodeDecodeError as e:
+                raise HintInputError(f"{path}, line {n}: not valid UTF-8 ({e.reason} at byte {e.start} of the line): "
+                                     "give the UTF-8 text that fairseq-preprocess binarised") from None
+    return counts
 
 
 def _binarised_target_sizes(destdir, split, lang):
@@ -298,10 +307,9 @@ def write_hint_dataset(partial_path, counts, out_prefix):
         builder.finalize(tmp + ".idx")
 
 
-def process_split(nlp, split, text_path, args, model_name):
-    from bet_fairseq.hint_files import hint_prefix
-    from tqdm import tqdm
-
+def check_split(split, text_path, args):
+    """The checks of a split that need no parser (run for every split before spaCy loads): the text is
+    there and UTF-8 and matches the binarised target. Returns its token counts."""
     if not os.path.isfile(text_path):
         raise HintInputError(f"{split}: target text not found: {text_path}")
     counts = _read_token_counts(text_path)
@@ -310,6 +318,19 @@ def process_split(nlp, split, text_path, args, model_name):
         check_against_binarised(text_path, counts, bin_prefix, sizes)
     else:
         logger.info(f"{split}: no binarised target in {args.destdir} to check against (checked when training)")
+    return counts
+
+
+def check_model_language(model_name, lang):
+    """--lang other than English needs a parser of that language: the default models are English."""
+    if lang and lang != "en" and not model_name:
+        raise HintInputError(f"--lang {lang}: the default spaCy models ({', '.join(DEFAULT_MODELS)}) parse English; "
+                             f"pass --spacy-model with a {lang!r} parser (German: de_core_news_sm, see docs/bet_sg.md)")
+
+
+def process_split(nlp, split, text_path, args, model_name, counts):
+    from bet_fairseq.hint_files import hint_prefix
+    from tqdm import tqdm
 
     out_prefix = hint_prefix(args.destdir, split, args.lang)
     partial, meta_path = out_prefix + ".partial.txt", out_prefix + ".partial.json"
@@ -393,30 +414,39 @@ def _splits(args):
     return out
 
 
-def main(argv=None):
+INTERRUPTED = ("interrupted; the lines parsed so far are kept in DESTDIR/{split}.hints*.partial.txt: run the same "
+               "command with --resume to go on from there")
+
+
+def run(argv=None):
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO)
     args = get_parser().parse_args(argv)
     splits = _splits(args)
-    try:
-        if not splits:
-            raise HintInputError("nothing to do: give --trainpref, --validpref and/or --testpref")
-        if args.workers < 1 or args.batch_size < 1:
-            raise HintInputError("--workers and --batch-size must be >= 1")
-        if not os.path.isdir(args.destdir):
-            raise HintInputError(f"--destdir {args.destdir} is not a folder (run fairseq-preprocess first, "
-                                 "or create it)")
-        for split, path in splits:  # fail before hours of parsing, not after
-            if not os.path.isfile(path):
-                raise HintInputError(f"{split}: target text not found: {path}")
-        model_name = args.spacy_model or default_spacy_model()
-        nlp = load_parser(model_name)
-        logger.info(f"spaCy model {model_name}, components {nlp.pipe_names}, {args.workers} process(es)")
-        for split, path in splits:
-            process_split(nlp, split, path, args, model_name)
-    except HintInputError as e:
-        print(f"bet-syntax-hints: error: {e}", file=sys.stderr)
-        return 2
+    # every check that needs no parser first: spaCy takes seconds to load, a whole split hours to parse
+    if not splits:
+        raise HintInputError("nothing to do: give --trainpref, --validpref and/or --testpref")
+    if args.workers < 1 or args.batch_size < 1:
+        raise HintInputError("--workers and --batch-size must be >= 1")
+    if not os.path.isdir(args.destdir):
+        raise HintInputError(f"--destdir {args.destdir} is not a folder (run fairseq-preprocess first, "
+                             "or create it)")
+    check_writable_folder(args.destdir, "--destdir")
+    check_model_language(args.spacy_model, args.lang)
+    counts = {split: check_split(split, path, args) for split, path in splits}
+    model_name = args.spacy_model or default_spacy_model()
+    nlp = load_parser(model_name)
+    if args.lang and nlp.lang != args.lang:
+        raise HintInputError(f"spaCy model {model_name!r} parses {nlp.lang!r}, but --lang is {args.lang!r}: pass "
+                             f"--spacy-model with a {args.lang!r} parser")
+    logger.info(f"spaCy model {model_name}, components {nlp.pipe_names}, {args.workers} process(es)")
+    for split, path in splits:
+        process_split(nlp, split, path, args, model_name, counts[split])
     return 0
+
+
+def main(argv=None):
+    """``bet-syntax-hints``: an input error is one line and status 2, Ctrl-C one line naming --resume."""
+    return run_tool("bet-syntax-hints", run, argv, interrupted=INTERRUPTED)
 
 
 if __name__ == "__main__":

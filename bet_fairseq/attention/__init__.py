@@ -19,6 +19,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 from ..compat import OPTION_ADDED
 from .base import Attended, SelfAttentionVariant  # noqa: F401
+from ..errors import InputError
 from .sites import CROSS, DECODER_SELF, ENCODER_SELF, LM_SITES, TRANSLATION_SITES  # noqa: F401
 
 DEFAULT_MODE = "vanilla"  # the Transformer's attention: no --self-attn-mode, and layers outside --self-attn-layers
@@ -87,7 +88,7 @@ def variant_class(args) -> Type[SelfAttentionVariant]:
     """The class ``--self-attn-mode`` names (the Transformer's when unset)."""
     mode = str(_get(args, "self_attn_mode", None) or DEFAULT_MODE)
     if mode not in VARIANTS:
-        raise ValueError(f"--self-attn-mode: unknown variant {mode!r}; choose one of {', '.join(sorted(VARIANTS))}")
+        raise InputError(f"--self-attn-mode: unknown variant {mode!r}; choose one of {', '.join(sorted(VARIANTS))}")
     return VARIANTS[mode]
 
 
@@ -106,7 +107,7 @@ def variant_options(args):
             if f.name not in own and value is not None and value != f.default and not (
                     OPTION_ADDED in f.metadata and value == f.metadata[OPTION_ADDED].before):
                 users = [n for n, c in VARIANTS.items() if c.options_class is other]
-                raise ValueError(f"{_flag(f.name)} {value} only applies to --self-attn-mode "
+                raise InputError(f"{_flag(f.name)} {value} only applies to --self-attn-mode "
                                  f"{'/'.join(users)} (the mode is {cls.variant_name!r})")
     options = None
     if cls.options_class is not None:

@@ -27,6 +27,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 from ..core.masks import (COMPUTE, LastMaskMemo, causal_allowed, masked_log_softmax, masked_softmax, rows_without_keys,
                           safe_sdpa)
+from ..errors import InputError
 from .sites import DECODER_SELF
 
 # every layer gets a view of the decoder's one buffered causal mask: converted once
@@ -240,7 +241,7 @@ class SelfAttentionVariant(MultiheadAttention):
         extra, missing = sorted(theirs - own), sorted(own - theirs)
         if extra or missing:
             what = f"holds {extra[0]}" if extra else f"has no {missing[0]}"
-            raise ValueError(
+            raise InputError(
                 f"checkpoint {what}, which a {self.variant_name!r} self-attention "
                 f"{'does not have' if extra else 'needs'}: it was trained with another --self-attn-mode; "
                 "build the model with the --arch and options it was trained with"

@@ -24,6 +24,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from ..core.functional import bet_authors_fused, bet_authors_logits, bet_sf_fused, bet_sf_logits
 from ..core.masks import rows_without_keys
 from . import Attended, SelfAttentionVariant, register_variant
+from ..errors import InputError
 
 BET_FORMS = ("equations", "authors", "authors_lm")
 
@@ -70,9 +71,9 @@ class BetSFSelfAttention(SelfAttentionVariant):
     def check_options(cls, options, num_heads: int):
         form = str(options.bet_form)
         if form not in BET_FORMS:
-            raise ValueError(f"--bet-form: unknown form {form!r}; choose one of {', '.join(BET_FORMS)}")
+            raise InputError(f"--bet-form: unknown form {form!r}; choose one of {', '.join(BET_FORMS)}")
         if form != "equations" and options.bet_share_w:
-            raise ValueError(f"--bet-share-w only applies to --bet-form equations (--bet-form {form} always "
+            raise InputError(f"--bet-share-w only applies to --bet-form equations (--bet-form {form} always "
                              "shares one w by all heads)")
 
     @property
@@ -115,11 +116,11 @@ class BetSFSelfAttention(SelfAttentionVariant):
         theirs = "equations" if prefix + "bet_w" in state_dict else (
             "authors or authors_lm" if prefix + "bet_authors_w.weight" in state_dict else None)
         if theirs is not None and (theirs == "equations") != (self.bet_form == "equations"):
-            raise ValueError(f"checkpoint's {name or 'attention'} is a --bet-form {theirs} BET(SF), this model is "
+            raise InputError(f"checkpoint's {name or 'attention'} is a --bet-form {theirs} BET(SF), this model is "
                              f"--bet-form {self.bet_form}: build it with the --bet-form it was trained with")
         key = prefix + "bet_w"
         if key in state_dict and tuple(state_dict[key].shape) != tuple(self.bet_w.shape):
-            raise ValueError(
+            raise InputError(
                 f"checkpoint's {key} has shape {tuple(state_dict[key].shape)}, this model expects "
                 f"{tuple(self.bet_w.shape)} (--bet-share-w differs between checkpoint and model)"
             )

@@ -11,6 +11,7 @@ from fairseq.dataclass import FairseqDataclass
 from ..core.functional import scale_diagonal
 from ..core.masks import diagonal_free, diagonal_free_step_, own_position
 from . import Attended, SelfAttentionVariant, register_variant
+from ..errors import InputError
 
 
 @dataclass
@@ -30,9 +31,9 @@ class DiagScaleSelfAttention(SelfAttentionVariant):
         try:
             scale = float(options.diag_scale)
         except (TypeError, ValueError):
-            raise ValueError(f"--diag-scale must be a number, got {options.diag_scale!r}") from None
+            raise InputError(f"--diag-scale must be a number, got {options.diag_scale!r}") from None
         if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(
+            raise InputError(
                 f"--diag-scale must be a finite number > 0 (it multiplies the diagonal logits; "
                 f"use --self-attn-mode diag_free to remove the diagonal), got {scale}"
             )

@@ -33,6 +33,7 @@ from ..compat import option_added
 from ..core.functional import hopfield_logits
 from ..core.masks import safe_sdpa
 from . import Attended, SelfAttentionVariant, register_variant
+from ..errors import InputError
 
 CONFIGS = ("library", "attention")
 LIBRARY_INIT_STD = 0.02  # hflayers HopfieldCore.reset_parameters
@@ -77,7 +78,7 @@ class HopfieldOptions(FairseqDataclass):
 
 def _whole(value, flag, minimum):
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
-        raise ValueError(f"{flag} must be a whole number >= {minimum}, got {value!r}")
+        raise InputError(f"{flag} must be a whole number >= {minimum}, got {value!r}")
 
 
 def _positive(value, flag, what):
@@ -86,9 +87,9 @@ def _positive(value, flag, what):
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{flag} must be a number, got {value!r}") from None
+        raise InputError(f"{flag} must be a number, got {value!r}") from None
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{flag} must be a finite number > 0 ({what}), got {value}")
+        raise InputError(f"{flag} must be a finite number > 0 ({what}), got {value}")
 
 
 @register_variant("hopfield", options=HopfieldOptions)
@@ -97,7 +98,7 @@ class HopfieldSelfAttention(SelfAttentionVariant):
     def check_options(cls, options, num_heads):
         config = options.hopfield_config
         if config not in CONFIGS:
-            raise ValueError(f"--hopfield-config must be one of {', '.join(CONFIGS)}, got {config!r}")
+            raise InputError(f"--hopfield-config must be one of {', '.join(CONFIGS)}, got {config!r}")
         _whole(options.hopfield_steps, "--hopfield-steps", 1)
         _positive(options.hopfield_beta, "--hopfield-beta", "the inverse temperature")
         _whole(options.hopfield_heads, "--hopfield-heads", 1)
@@ -105,21 +106,21 @@ class HopfieldSelfAttention(SelfAttentionVariant):
         _positive(options.hopfield_update_steps_eps, "--hopfield-update-steps-eps", "the stopping tolerance")
         most = options.hopfield_update_steps_max
         if options.hopfield_steps is not None and most is not None and options.hopfield_steps != most + 1:
-            raise ValueError(f"--hopfield-steps {options.hopfield_steps} (associations) and "
+            raise InputError(f"--hopfield-steps {options.hopfield_steps} (associations) and "
                              f"--hopfield-update-steps-max {most} (updates after the first) disagree; give one")
         if config == "attention":
             for flag, value in (("--hopfield-heads", options.hopfield_heads),
                                 ("--hopfield-update-steps-max", most),
                                 ("--hopfield-update-steps-eps", options.hopfield_update_steps_eps)):
                 if value is not None:
-                    raise ValueError(f"{flag} applies to --hopfield-config library (the config is 'attention')")
+                    raise InputError(f"{flag} applies to --hopfield-config library (the config is 'attention')")
 
     def __init__(self, embed_dim, num_heads, options=None, **kwargs):
         options = self.options_class() if options is None else options
         self.library = options.hopfield_config == "library"
         if self.library and options.hopfield_heads is not None:
             if embed_dim % options.hopfield_heads:
-                raise ValueError(f"--hopfield-heads {options.hopfield_heads} must divide the model dimension "
+                raise InputError(f"--hopfield-heads {options.hopfield_heads} must divide the model dimension "
                                  f"{embed_dim}")
             num_heads = options.hopfield_heads
         super().__init__(embed_dim, num_heads, options=options, **kwargs)

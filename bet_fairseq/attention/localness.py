@@ -21,6 +21,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from ..compat import option_added
 from ..core.functional import localness_bias
 from . import SelfAttentionVariant, register_variant
+from ..errors import InputError
 
 CENTRE_SCALES = {"i": 0, "i+1": 1}  # I_i = position + offset
 
@@ -42,7 +43,7 @@ class LocalnessSelfAttention(SelfAttentionVariant):
     def check_options(cls, options, num_heads):
         scale = str(options.localness_centre_scale)
         if scale not in CENTRE_SCALES:
-            raise ValueError(f"--localness-centre-scale: unknown scale {scale!r}; "
+            raise InputError(f"--localness-centre-scale: unknown scale {scale!r}; "
                              f"choose one of {', '.join(CENTRE_SCALES)}")
 
     def __init__(self, embed_dim, num_heads, options=None, **kwargs):

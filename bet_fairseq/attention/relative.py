@@ -22,13 +22,14 @@ from torch import nn
 from ..core.functional import relative_logits, relative_sinusoids
 from ..core.masks import own_position
 from . import SelfAttentionVariant, register_variant
+from ..errors import InputError
 
 
 @register_variant("relative")
 class RelativeSelfAttention(SelfAttentionVariant):
     def __init__(self, embed_dim, num_heads, options=None, **kwargs):
         if embed_dim % 2:
-            raise ValueError(f"relative attention needs an even embedding dim (sin/cos pairs), got {embed_dim}")
+            raise InputError(f"relative attention needs an even embedding dim (sin/cos pairs), got {embed_dim}")
         super().__init__(embed_dim, num_heads, options=options, **kwargs)
         self.r_proj = nn.Linear(embed_dim, embed_dim, bias=False)  # W_R
         self.u_bias = nn.Parameter(torch.empty(num_heads, self.head_dim))

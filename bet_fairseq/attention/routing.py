@@ -45,6 +45,7 @@ from ..compat import option_added
 from ..core.functional import nearest_centroid, routing_vectors, with_commitment_gradient
 from ..core.masks import own_position
 from . import SelfAttentionVariant, register_variant
+from ..errors import InputError
 
 KMEANS_INIT_ITERS = 10
 
@@ -86,19 +87,19 @@ class RoutingSelfAttention(SelfAttentionVariant):
         )
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise InputError(message)
         try:
             decay = float(options.routing_ema_decay)
         except (TypeError, ValueError):
-            raise ValueError(f"--routing-ema-decay must be a number in [0, 1), got {options.routing_ema_decay!r}") from None
+            raise InputError(f"--routing-ema-decay must be a number in [0, 1), got {options.routing_ema_decay!r}") from None
         if not 0.0 <= decay < 1.0:
-            raise ValueError(f"--routing-ema-decay must be a number in [0, 1), got {decay}")
+            raise InputError(f"--routing-ema-decay must be a number in [0, 1), got {decay}")
         try:
             commitment = float(options.routing_commitment)
         except (TypeError, ValueError):
             commitment = float("nan")
         if not (math.isfinite(commitment) and commitment >= 0.0):
-            raise ValueError(f"--routing-commitment must be a finite number >= 0, got {options.routing_commitment!r}")
+            raise InputError(f"--routing-commitment must be a finite number >= 0, got {options.routing_commitment!r}")
 
     def __init__(self, embed_dim, num_heads, options=None, **kwargs):
         super().__init__(embed_dim, num_heads, options=options, **kwargs)
@@ -129,7 +130,7 @@ class RoutingSelfAttention(SelfAttentionVariant):
         if self.commitment > 0 and self.routing_heads and self.training and torch.is_grad_enabled() \
                 and bool(self.centroids_initialized):
             if q.dtype == torch.float16:
-                raise ValueError("--routing-commitment adds its gradient outside the loss, which --fp16 / --amp "
+                raise InputError("--routing-commitment adds its gradient outside the loss, which --fp16 / --amp "
                                  "loss scaling would not scale: train with --bf16 or fp32, or --routing-commitment 0")
             bsz, tgt_len, src_len = q.size(0), q.size(2), k.size(2)
             keep = self._batch_tokens(allowed, bsz, tgt_len, src_len)

@@ -20,6 +20,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 from ..compat import option_added
 from ..core.functional import top_k_keep
+from ..errors import InputError
 from . import SelfAttentionVariant, register_variant
 from .sites import CROSS, DECODER_SELF, DESCRIPTIONS, ENCODER_SELF
 
@@ -49,11 +50,11 @@ def parse_sites(value) -> FrozenSet[str]:
     """The attentions ``--sparse-topk-attention`` names ("es,dc", "es ds dc" or a list), checked."""
     parts = [str(p) for p in value] if isinstance(value, (list, tuple)) else str(value).replace(",", " ").split()
     if not parts:
-        raise ValueError(f"--sparse-topk-attention: name at least one of {', '.join(SITE_CODES)} (got {value!r})")
+        raise InputError(f"--sparse-topk-attention: name at least one of {', '.join(SITE_CODES)} (got {value!r})")
     for part in parts:
         if part not in SITE_CODES:
             choices = ", ".join(f"{code} ({DESCRIPTIONS[site]})" for code, site in SITE_CODES.items())
-            raise ValueError(f"--sparse-topk-attention: {part!r} is not one of {choices} (got {value!r})")
+            raise InputError(f"--sparse-topk-attention: {part!r} is not one of {choices} (got {value!r})")
     return frozenset(parts)
 
 
@@ -75,7 +76,7 @@ class SparseTopKSelfAttention(SelfAttentionVariant):
     def check_options(cls, options, num_heads):
         k = options.sparse_topk
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise ValueError(f"--sparse-topk must be a whole number >= 1 (the logits kept per row), got {k!r}")
+            raise InputError(f"--sparse-topk must be a whole number >= 1 (the logits kept per row), got {k!r}")
         parse_sites(options.sparse_topk_attention)
 
     @classmethod

@@ -38,6 +38,7 @@ from fairseq.logging import metrics
 from ..attention.capture import capture_attention, decoder_self_attentions
 from ..compat import register_help
 from ..syntax_hint_batch import HINT_PAD, SYNTAX_HINTS
+from ..errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -76,13 +77,13 @@ def pointer_loss(log_attentions, hints, heads: str = "mean"):
     and a gradient (in probability space it would be clamped near 87 with zero gradient).
     """
     if heads not in POINTER_HEADS:
-        raise ValueError(f"--pointer-heads: unknown choice {heads!r}; choose one of {', '.join(POINTER_HEADS)}")
+        raise InputError(f"--pointer-heads: unknown choice {heads!r}; choose one of {', '.join(POINTER_HEADS)}")
     valid = hints.ne(HINT_PAD)
     index = hints.clamp_min(0)
     total = None
     for log_attn in log_attentions:
         if log_attn.shape[0] != hints.shape[0] or log_attn.shape[2] != hints.shape[1]:
-            raise ValueError(
+            raise InputError(
                 f"syntax hints of shape {tuple(hints.shape)} do not match the decoder self-attention "
                 f"of shape {tuple(log_attn.shape)} (batch, heads, target, source)"
             )
@@ -105,9 +106,9 @@ class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCri
                  pointer_lambda=0.05, pointer_heads="mean"):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         if not math.isfinite(pointer_lambda) or pointer_lambda < 0:
-            raise ValueError(f"--pointer-lambda must be a finite number >= 0, got {pointer_lambda}")
+            raise InputError(f"--pointer-lambda must be a finite number >= 0, got {pointer_lambda}")
         if str(pointer_heads) not in POINTER_HEADS:
-            raise ValueError(f"--pointer-heads: unknown choice {pointer_heads!r}; choose one of {', '.join(POINTER_HEADS)}")
+            raise InputError(f"--pointer-heads: unknown choice {pointer_heads!r}; choose one of {', '.join(POINTER_HEADS)}")
         self.pointer_lambda = pointer_lambda
         self.pointer_heads = str(pointer_heads)
         self._warned = False
@@ -116,13 +117,13 @@ class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCri
         try:
             modules = decoder_self_attentions(model)
         except ValueError as e:
-            raise ValueError(
+            raise InputError(
                 "--criterion label_smoothed_cross_entropy_with_pointer needs a bet-fairseq model whose "
                 f"decoder self-attention can be captured (--arch bet_sg_iwslt, bet_sg_wmt_en_de, bet_sg_lm ...): {e}"
             ) from None
         diag_free = sorted({m.variant_name for m in modules if m.masks_diagonal})
         if diag_free:
-            raise ValueError(
+            raise InputError(
                 f"the pointer loss cannot train a self-attention that masks the diagonal (--self-attn-mode {diag_free[0]}): "
                 "hints that point at a position itself would need log 0; use --arch bet_sg_* "
                 "(vanilla self-attention) or --bet-keep-diagonal"

@@ -13,12 +13,13 @@ from fairseq.models import transformer as fairseq_transformer
 from .. import catalog
 from . import transformer, transformer_lm  # noqa: F401  (the models the architectures are registered for)
 from .defaults import apply_lm_size, fill, lm_defaults, translation_defaults
+from ..errors import InputError
 
 
 def _row_settings(args, arch_name, row: catalog.Row):
     for option in row.needs:
         if getattr(args, option, None) is None:
-            raise ValueError(f"--arch {arch_name} needs --{option.replace('_', '-')} C (C > 0)")
+            raise InputError(f"--arch {arch_name} needs --{option.replace('_', '-')} C (C > 0)")
     fill(args, **row.attention)
 
 

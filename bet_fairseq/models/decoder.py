@@ -15,13 +15,14 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 from ..attention import CROSS, DECODER_SELF, ModelAttention
 from .options import parse_layers
+from ..errors import InputError
 
 
 class VariantDecoderLayer(TransformerDecoderLayer):
     def build_self_attention(self, embed_dim, args, add_bias_kv=False, add_zero_attn=False):
         cfg = TransformerConfig.from_namespace(args)
         if cfg.cross_self_attention:
-            raise ValueError("--cross-self-attention is not supported by bet_fairseq's decoder self-attention")
+            raise InputError("--cross-self-attention is not supported by bet_fairseq's decoder self-attention")
         mha_kwargs = dict(
             dropout=cfg.attention_dropout,
             add_bias_kv=add_bias_kv,

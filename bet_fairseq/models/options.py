@@ -10,6 +10,7 @@ from fairseq.utils import safe_getattr
 
 from .. import attention
 from ..compat import option_added, register_help
+from ..errors import InputError
 
 
 @dataclass
@@ -38,10 +39,10 @@ def parse_layers(text: Optional[str], num_layers: int) -> Set[int]:
             first, _, last = part.partition("-")
             lo, hi = int(first), int(last or first)
         except ValueError:
-            raise ValueError(f"--self-attn-layers: {part!r} is not a layer index or range such as '0-2' "
+            raise InputError(f"--self-attn-layers: {part!r} is not a layer index or range such as '0-2' "
                              f"(got {text!r})") from None
         if not 0 <= lo <= hi < num_layers:
-            raise ValueError(f"--self-attn-layers: {part!r} is outside the decoder's layers 0-{num_layers - 1}")
+            raise InputError(f"--self-attn-layers: {part!r} is outside the decoder's layers 0-{num_layers - 1}")
         layers.update(range(lo, hi + 1))
     return layers
 
@@ -67,7 +68,7 @@ def upgrade_legacy_options(args):
     if baseline is not None:
         mode = safe_getattr(args, "self_attn_mode", None)
         if mode not in (None, "vanilla", baseline):
-            raise ValueError(f"--self-attn-baseline {baseline} and --self-attn-mode {mode} disagree; "
+            raise InputError(f"--self-attn-baseline {baseline} and --self-attn-mode {mode} disagree; "
                              "give --self-attn-mode alone")
         args.self_attn_mode = str(baseline)
         args.self_attn_baseline = None

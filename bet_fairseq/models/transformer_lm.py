@@ -11,6 +11,7 @@ from ..attention import LM_SITES, resolve_attention
 from .decoder import VariantTransformerDecoder
 from .defaults import lm_defaults
 from .options import AttentionConfig, LegacyAttentionConfig, upgrade_legacy_options
+from ..errors import InputError
 
 VariantLanguageModelConfig = dataclasses.make_dataclass(
     "VariantLanguageModelConfig", [], bases=(TransformerLanguageModelConfig, AttentionConfig, LegacyAttentionConfig)
@@ -34,7 +35,7 @@ class VariantTransformerLanguageModel(TransformerLanguageModel):
         if safe_getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
         if args.character_embeddings or args.adaptive_input:
-            raise ValueError("--character-embeddings / --adaptive-input are not supported by bet_fairseq's "
+            raise InputError("--character-embeddings / --adaptive-input are not supported by bet_fairseq's "
                              "language models (plain token embeddings only)")
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
         return cls(VariantTransformerDecoder(args, task.target_dictionary, embed_tokens, no_encoder_attn=True,

@@ -48,6 +48,7 @@ from ..compat import register_help
 from ..tasks.truncated_bptt import TruncatedBPTTLanguageModelingTask
 from .. import catalog
 from .defaults import apply_lm_size, fill
+from ..errors import InputError
 
 
 @dataclass
@@ -75,17 +76,17 @@ class TransformerXLConfig(FairseqDataclass):
 def validate_txl(cfg):
     dim, heads = cfg.decoder_embed_dim, cfg.decoder_attention_heads
     if heads < 1 or dim % heads:
-        raise ValueError(f"--decoder-embed-dim {dim} must be divisible by --decoder-attention-heads {heads}")
+        raise InputError(f"--decoder-embed-dim {dim} must be divisible by --decoder-attention-heads {heads}")
     if dim % 2:
-        raise ValueError(f"--decoder-embed-dim must be even for Transformer-XL's sin/cos positions, got {dim}")
+        raise InputError(f"--decoder-embed-dim must be even for Transformer-XL's sin/cos positions, got {dim}")
     if cfg.mem_len is None or cfg.mem_len < 0:
-        raise ValueError(f"--mem-len must be an integer >= 0, got {cfg.mem_len}")
+        raise InputError(f"--mem-len must be an integer >= 0, got {cfg.mem_len}")
     if cfg.decoder_layers < 1:
-        raise ValueError(f"--decoder-layers must be >= 1, got {cfg.decoder_layers}")
+        raise InputError(f"--decoder-layers must be >= 1, got {cfg.decoder_layers}")
     if getattr(cfg, "same_length", False) and cfg.mem_len < 1:
-        raise ValueError("--same-length needs --mem-len >= 1 (the number of positions every query sees)")
+        raise InputError("--same-length needs --mem-len >= 1 (the number of positions every query sees)")
     if getattr(cfg, "clamp_len", -1) is not None and getattr(cfg, "clamp_len", -1) < -1:
-        raise ValueError(f"--clamp-len must be -1 (none) or a distance >= 0, got {cfg.clamp_len}")
+        raise InputError(f"--clamp-len must be -1 (none) or a distance >= 0, got {cfg.clamp_len}")
 
 
 class TransformerXLLayer(nn.Module):

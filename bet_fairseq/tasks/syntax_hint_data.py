@@ -24,9 +24,10 @@ from fairseq.data import BaseWrapperDataset
 from fairseq.data.indexed_dataset import MMapIndexedDataset, _code_to_dtype
 
 from ..syntax_hint_batch import HINT_PAD, SYNTAX_HINTS
+from ..errors import InputError
 
 
-class SyntaxHintError(ValueError):
+class SyntaxHintError(InputError):
     """A hint file that does not match the data it should annotate."""
 
 

@@ -25,6 +25,7 @@ from fairseq import utils
 from fairseq.data import Dictionary, data_utils, iterators
 from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
+from ..errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class ContiguousSegments(torch.utils.data.Dataset):
         total_rows = rows * num_shards
         length = stream.numel() // total_rows
         if length < 2:
-            raise ValueError(
+            raise InputError(
                 f"{name}: {stream.numel()} tokens are too few for {total_rows} rows of at least 2 tokens "
                 f"(--batch-size {rows} x {num_shards} replicas); lower --batch-size")
         table = stream[: length * total_rows].view(total_rows, length)
@@ -72,15 +73,15 @@ class TruncatedBPTTLanguageModelingTask(FairseqTask):
         super().__init__(cfg)
         self.dictionary = dictionary
         if cfg.batch_size is None or cfg.batch_size < 1:
-            raise ValueError(f"--task bet_truncated_bptt_lm needs --batch-size N >= 1 (rows per batch), got {cfg.batch_size}")
+            raise InputError(f"--task bet_truncated_bptt_lm needs --batch-size N >= 1 (rows per batch), got {cfg.batch_size}")
         if cfg.tokens_per_sample < 1:
-            raise ValueError(f"--tokens-per-sample must be >= 1, got {cfg.tokens_per_sample}")
+            raise InputError(f"--tokens-per-sample must be >= 1, got {cfg.tokens_per_sample}")
 
     @classmethod
     def setup_task(cls, cfg: TruncatedBPTTConfig, **kwargs):
         paths = utils.split_paths(cfg.data)
         if not paths:
-            raise ValueError("--task bet_truncated_bptt_lm needs a data folder")
+            raise InputError("--task bet_truncated_bptt_lm needs a data folder")
         dict_path = os.path.join(paths[0], "dict.txt")
         if not os.path.exists(dict_path):
             raise FileNotFoundError(f"dictionary not found: {dict_path} (run fairseq-preprocess --only-source)")
@@ -104,7 +105,7 @@ class TruncatedBPTTLanguageModelingTask(FairseqTask):
         if data is None:
             raise FileNotFoundError(f"dataset not found: {split} ({split_path}.bin / .idx)")
         if len(data) == 0:
-            raise ValueError(f"{split_path}: the split is empty")
+            raise InputError(f"{split_path}: the split is empty")
         stream = torch.cat([data[i].long() for i in range(len(data))])
         shard_id, num_shards = self._shard()
         self.datasets[split] = ContiguousSegments(

@@ -17,6 +17,7 @@ from cli_utils import (
 )
 
 from bet_fairseq.attention import VARIANTS
+from bet_fairseq.errors import InputError
 from bet_fairseq.attention.relative import RelativeSelfAttention
 from bet_fairseq import catalog
 from bet_fairseq.attention.capture import decoder_self_attentions
@@ -183,7 +184,8 @@ def messages(error):
 ], ids=["unknown_mode", "diag_scale_0", "diag_scale_negative", "diag_scale_missing", "hopfield_beta", "sparse_topk",
         "option_of_another_variant", "routing_heads", "legacy_option_disagrees"])
 def test_bad_options_are_clear_errors(mt_data, tmp_path, argv, message):
-    with pytest.raises(ValueError) as error:
+    """InputErrors: one line and exit status 2 at the top of the command (tests/compat/test_one_line_errors.py)."""
+    with pytest.raises(InputError) as error:
         train_in_process(mt_data, tmp_path, *MT_TRAIN, *argv, updates=1)
     assert message in str(error.value)
 

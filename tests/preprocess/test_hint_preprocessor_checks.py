@@ -103,8 +103,9 @@ LINES = ["a man is walk@@ ing .", "two dogs play in the snow .", "", "the girl s
 
 
 @pytest.fixture
-def interrupted(tmp_path, monkeypatch):
-    """A real run stopped (Ctrl-C) after two lines: its partial files, and the args to run it again."""
+def interrupted(tmp_path, monkeypatch, capsys):
+    """A real run stopped (Ctrl-C) after two lines: its partial files, and the args to run it again.
+    Ctrl-C is one line that names --resume (status 130), not spaCy's frames."""
     (tmp_path / "valid.en").write_text("".join(x + "\n" for x in LINES), encoding="utf-8")
     dest = tmp_path / "bin"
     dest.mkdir()
@@ -119,8 +120,9 @@ def interrupted(tmp_path, monkeypatch):
             yield row
 
     monkeypatch.setattr(cli_mod, "hints_for_lines", two_then_interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        cli_mod.main(args)
+    assert cli_mod.main(args) == 130
+    err = capsys.readouterr().err
+    assert "bet-syntax-hints: interrupted" in err and "--resume" in err and "Traceback" not in err, err
     monkeypatch.setattr(cli_mod, "hints_for_lines", real)
     txt, meta = dest / "valid.hints.en.partial.txt", dest / "valid.hints.en.partial.json"
     rows = [r.split() for r in txt.read_text().splitlines()]
@@ -194,3 +196,62 @@ def test_resume_with_more_parsed_lines_than_text(interrupted, capsys):
     extra = [b" ".join(b"0" for _ in range(n)) for n in sizes[2:]] + [b"0"]  # right counts, one line too many
     txt.write_bytes(b"".join(r + b"\n" for r in rows + extra))
     assert_refused(capsys, args, dest, txt, f"{len(LINES) + 1} lines")
+
+
+# --------------------------------------------------------------------------------------------- cheap checks first
+def hint_args(tmp_path, lines, *more, text=None):
+    (tmp_path / "valid.en").write_bytes(text if text is not None else "".join(x + "\n" for x in lines).encode())
+    dest = tmp_path / "bin"
+    dest.mkdir(exist_ok=True)
+    return ["--validpref", str(tmp_path / "valid"), "--destdir", str(dest), "--workers", "1", "--no-progress", *more]
+
+
+def no_spacy_load(monkeypatch):
+    def refuse(name):
+        raise AssertionError("spaCy was loaded before the input was checked")
+
+    monkeypatch.setattr(cli_mod, "load_parser", refuse)
+
+
+def test_german_without_a_german_model_is_refused_before_spacy_loads(tmp_path, monkeypatch, capsys):
+    no_spacy_load(monkeypatch)
+    (tmp_path / "valid.de").write_text("ein mann geht .\n", encoding="utf-8")
+    (tmp_path / "bin").mkdir()
+    args = ["--validpref", str(tmp_path / "valid"), "--lang", "de", "--destdir", str(tmp_path / "bin")]
+    assert cli_mod.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bet-syntax-hints: error: --lang de:") and "--spacy-model" in err and "\n" not in err
+
+
+def test_a_model_of_another_language_is_refused(tmp_path, capsys):
+    (tmp_path / "valid.de").write_text("ein mann geht .\n", encoding="utf-8")
+    (tmp_path / "bin").mkdir()
+    args = ["--validpref", str(tmp_path / "valid"), "--lang", "de", "--destdir", str(tmp_path / "bin"),
+            "--spacy-model", MODEL, "--no-progress"]
+    assert cli_mod.main(args) == 2
+    assert "parses 'en', but --lang is 'de'" in capsys.readouterr().err
+
+
+def test_invalid_utf8_names_the_file_and_line_before_spacy_loads(tmp_path, monkeypatch, capsys):
+    no_spacy_load(monkeypatch)
+    args = hint_args(tmp_path, None, "--lang", "en", "--spacy-model", MODEL,
+                     text=b"a man walks .\ntwo dogs\xff play .\n")
+    assert cli_mod.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{tmp_path / 'valid.en'}, line 2: not valid UTF-8" in err and "\n" not in err, err
+
+
+def test_text_that_does_not_match_the_binarised_data_fails_before_spacy_loads(tmp_path, monkeypatch, capsys):
+    no_spacy_load(monkeypatch)
+    args = hint_args(tmp_path, LINES, "--lang", "en", "--spacy-model", MODEL)
+    monkeypatch.setattr(cli_mod, "_binarised_target_sizes", lambda *a: ("bin/valid.de-en.en", [3, 4]))
+    assert cli_mod.main(args) == 2
+    assert "has 5 lines but the binarised bin/valid.de-en.en.bin has 2 sentences" in capsys.readouterr().err
+
+
+def test_an_unwritable_destdir_is_refused_before_spacy_loads(tmp_path, monkeypatch, capsys):
+    no_spacy_load(monkeypatch)
+    args = hint_args(tmp_path, LINES, "--lang", "en", "--spacy-model", MODEL)
+    monkeypatch.setattr(cli_mod.os, "access", lambda path, mode: False)
+    assert cli_mod.main(args) == 2
+    assert "is not writable" in capsys.readouterr().err

@@ -263,7 +263,8 @@ def test_download_without_network_is_a_clear_error(tmp_path, monkeypatch):
         raise OSError("Network is unreachable")
 
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    with pytest.raises(PrepareError, match=r"could not download http://mattmahoney\.net/dc/enwik8\.zip.*--raw-dir"):
+    with pytest.raises(PrepareError, match=r"could not download enwik8\.zip: http://mattmahoney\.net/dc/enwik8\.zip: "
+                       r"OSError: Network is unreachable\. .*--raw-dir"):
         prepare_enwik8.main(["--out-dir", str(tmp_path)])
     orig = os.path.join(tmp_path, "orig")
     assert not os.path.isdir(orig) or not os.listdir(orig)  # nothing half-downloaded left behind

@@ -16,11 +16,15 @@ def run(cmd, **kw):
 
 
 def test_train_script_trains_and_reports_bleu(tmp_path):
+    """One test run (the driver's; before, fairseq-generate ran on test twice) and no hypothesis lines on
+    the terminal (before, the driver echoed every S-/H-/D-/P- line)."""
     data = binarise_multi30k(str(tmp_path / "mt"), n_train=300, n_valid=40, n_test=20)
     save = tmp_path / "ckpt"
     proc = run(["bash", "run/train_bet_sf_iwslt.sh", data, str(save), *TINY_TRANSLATION, "--max-update", "3",
-                "--cpu", "--num-workers", "0"], env={"MAX_EPOCH": "1", "GENERATE_ARGS": "--cpu --max-len-b 10"})
+                "--cpu", "--num-workers", "0"], env={"MAX_EPOCH": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [line for line in (proc.stdout + proc.stderr).splitlines() if line[:2] in ("S-", "H-", "D-", "P-")] == []
+    assert not (save / "generate.test.txt").exists()
     assert (save / "checkpoint_best.pt").exists()
     bleu = (save / "bleu.txt").read_text()
     assert bleu.startswith("Generate test with beam=5: BLEU4 = "), bleu
@@ -32,7 +36,7 @@ def test_train_script_trains_and_reports_bleu(tmp_path):
                   "--maximize-best-checkpoint-metric", "--lr 0.0005", "--warmup-updates 4000", "--max-epoch 1"):
         assert piece in train, piece
     assert "valid_bleu" in (save / "train.log").read_text()
-    generated = (save / "generate.test.txt").read_text()
+    generated = (save / "eval.log").read_text()
     assert generated.count("\nH-") == 20, "every test sentence is translated"
 
 

@@ -314,14 +314,26 @@ def cmd_bars(args):
 COMMANDS = {"stats": cmd_stats, "topk": cmd_topk, "heatmap": cmd_heatmap, "bars": cmd_bars}
 
 
-def main(argv=None):
-    import warnings
+def check_outputs(args):
+    """The files and folders a subcommand writes can be written: checked before any checkpoint loads."""
+    from ..errors import check_writable_file, check_writable_folder
 
-    # fairseq's data loader asks for pinned memory even without an accelerator.
-    warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    if args.command == "stats":
+        check_writable_file(args.out + ".json", "--out")
+    elif args.command == "heatmap":
+        check_writable_folder(args.out_dir, "--out-dir")
+    elif getattr(args, "out", None):
+        check_writable_file(args.out, "--out")
+
+
+def main(argv=None):
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()  # fairseq's data loader asks for pinned memory even without an accelerator, ...
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_outputs(args)
         COMMANDS[args.command](args)
     except (FileNotFoundError, ValueError) as e:
         parser.exit(2, f"bet-analyze {args.command}: error: {e}\n")

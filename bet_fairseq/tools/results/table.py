@@ -135,6 +135,15 @@ def main(argv=None):
     p.add_argument("--plot-dir", help="also write loss_<dataset>.png curves from the runs' train.log")
     p.add_argument("--only-run-rows", action="store_true", help="leave out rows without any result")
     args = p.parse_args(argv)
+    from ..errors import InputError, check_writable_file, check_writable_folder, one_line
+
+    try:  # before reading every run
+        if args.output:
+            check_writable_file(args.output, "-o")
+        if args.plot_dir:
+            check_writable_folder(args.plot_dir, "--plot-dir")
+    except InputError as exc:
+        p.exit(2, one_line("bet-results", exc) + "\n")
     results = load_results(args.paths)
     if not results:
         raise SystemExit(f"error: no result.json under {' '.join(args.paths)}")

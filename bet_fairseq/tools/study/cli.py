@@ -190,6 +190,9 @@ def default_out(scale, work):
 
 
 def main(argv=None):
+    from ..quiet import quiet_third_party
+
+    quiet_third_party()  # fairseq's import-time tensorboardX line and the like, when runs are in process
     started = time.time()
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -211,6 +214,14 @@ def main(argv=None):
         if args.scale == "paper" and not args.run:
             print("not running: --scale paper runs only with --run (on a GPU machine)")
         return 0
+    from ..errors import InputError, check_writable_folder, one_line
+
+    try:  # now, not after hours of runs
+        check_writable_folder(out, "--out")
+        check_writable_folder(work, "--work-dir")
+    except InputError as exc:
+        print(one_line("bet-reproduce", exc), file=sys.stderr)
+        return 2
     from . import report
     from . import runs as U
 

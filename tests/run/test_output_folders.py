@@ -1,0 +1,45 @@
+"""Tools with an output folder check it can be written before any work (before: bet-reproduce and
+bet-analyze failed only when writing, after all the runs or the whole split)."""
+
+import pytest
+
+from bet_fairseq.analysis import cli as analyze
+from bet_fairseq.results import table
+from bet_fairseq.study import cli as reproduce
+
+
+@pytest.fixture
+def blocker(tmp_path):
+    """A plain file: a folder 'under' it can never be created (a real failure, also for root)."""
+    path = tmp_path / "a-file"
+    path.write_text("x")
+    return path
+
+
+def test_bet_reproduce_checks_out_before_any_run(tmp_path, blocker, capsys, monkeypatch):
+    monkeypatch.setattr(reproduce, "_prepare_data", lambda *a: pytest.fail("data prepared before --out was checked"))
+    status = reproduce.main(["--scale", "smoke", "--out", str(blocker / "report"), "--work-dir", str(tmp_path / "w")])
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"bet-reproduce: error: --out {blocker / 'report'}: would be under the file {blocker}, not a "
+                   "folder: choose another --out")
+
+
+@pytest.mark.parametrize("argv", [
+    ["stats", "missing.pt", "--data", "d", "--out", "{blocker}/stats"],
+    ["heatmap", "missing.pt", "--data", "d", "--index", "0", "--out-dir", "{blocker}/pictures"],
+    ["bars", "s.json", "--out", "{blocker}/bars.png"],
+], ids=["stats", "heatmap", "bars"])
+def test_bet_analyze_checks_its_output_before_loading(blocker, capsys, argv):
+    with pytest.raises(SystemExit) as stop:
+        analyze.main([a.replace("{blocker}", str(blocker)) for a in argv])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "would be under the file" in err and "missing.pt" not in err and len(err.splitlines()) == 1
+
+
+def test_bet_results_checks_its_outputs_before_reading(blocker, capsys, tmp_path):
+    with pytest.raises(SystemExit) as stop:
+        table.main([str(tmp_path), "-o", str(blocker / "table2.md")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith(f"bet-results: error: -o {blocker / 'table2.md'}: would be under")
