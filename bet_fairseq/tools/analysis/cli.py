@@ -316,7 +316,7 @@ COMMANDS = {"stats": cmd_stats, "topk": cmd_topk, "heatmap": cmd_heatmap, "bars"
 
 def check_outputs(args):
     """The files and folders a subcommand writes can be written: checked before any checkpoint loads."""
-    from ..errors import check_writable_file, check_writable_folder
+    from bet_fairseq.errors import check_writable_file, check_writable_folder
 
     if args.command == "stats":
         check_writable_file(args.out + ".json", "--out")
@@ -327,7 +327,7 @@ def check_outputs(args):
 
 
 def main(argv=None):
-    from ..quiet import quiet_third_party
+    from bet_fairseq.quiet import quiet_third_party
 
     quiet_third_party()  # fairseq's data loader asks for pinned memory even without an accelerator, ...
     parser = build_parser()

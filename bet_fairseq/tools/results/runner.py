@@ -20,7 +20,6 @@ import shlex
 import sys
 
 from bet_fairseq import catalog, recipes
-from bet_fairseq.files import atomic_write
 from bet_fairseq.tools import executor, markers
 
 

@@ -135,7 +135,7 @@ def main(argv=None):
     p.add_argument("--plot-dir", help="also write loss_<dataset>.png curves from the runs' train.log")
     p.add_argument("--only-run-rows", action="store_true", help="leave out rows without any result")
     args = p.parse_args(argv)
-    from ..errors import InputError, check_writable_file, check_writable_folder, one_line
+    from bet_fairseq.errors import InputError, check_writable_file, check_writable_folder, one_line
 
     try:  # before reading every run
         if args.output:

@@ -190,7 +190,7 @@ def default_out(scale, work):
 
 
 def main(argv=None):
-    from ..quiet import quiet_third_party
+    from bet_fairseq.quiet import quiet_third_party
 
     quiet_third_party()  # fairseq's import-time tensorboardX line and the like, when runs are in process
     started = time.time()
@@ -214,7 +214,7 @@ def main(argv=None):
         if args.scale == "paper" and not args.run:
             print("not running: --scale paper runs only with --run (on a GPU machine)")
         return 0
-    from ..errors import InputError, check_writable_folder, one_line
+    from bet_fairseq.errors import InputError, check_writable_folder, one_line
 
     try:  # now, not after hours of runs
         check_writable_folder(out, "--out")
