@@ -25,6 +25,7 @@ import sys
 import time
 
 from bet_fairseq import catalog, recipes
+from bet_fairseq.errors import InputError, check_writable_folder
 from bet_fairseq.files import atomic_write
 from bet_fairseq.preprocess import prepare_multi30k
 from bet_fairseq.preprocess.common import file_digest
@@ -100,6 +101,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=train["--seed"])
     p.add_argument("--retrain", action="store_true", help="train again even if checkpoints exist")
     args = p.parse_args(argv)
+    try:
+        check_writable_folder(args.work_dir, "--work-dir")
+    except InputError as exc:
+        fail(str(exc))
 
     started = time.time()
     # each data step is skipped when its inputs and settings are unchanged

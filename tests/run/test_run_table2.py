@@ -306,7 +306,39 @@ def test_clear_errors(tmp_path, iwslt_bin, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         runner.main(["--row", "bet_sf", "--dataset", "iwslt14_de_en", "--data", str(tmp_path), "--save-dir", "x"])
     assert "not a binarised iwslt14_de_en folder" in capsys.readouterr().err
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit):  # found before any training
+        runner.main(["--row", "bet_sf", "--dataset", "iwslt14_de_en", "--data", iwslt_bin, "--save-dir",
+                     str(tmp_path / "a_file" / "save")])
+    assert "--save-dir" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "s")
+
+
+def test_a_damaged_or_stale_result_is_redone_and_a_modified_run_is_not_a_paper_run(quick_runs, capsys):
+    """A result.json whose bytes changed, or that was made with other commands, is not taken as done; a run
+    with --updates (or fairseq-train arguments) is recorded as "modified", not as the paper's setting."""
+    _, mt_dir, _ = quick_runs
+    path = os.path.join(mt_dir, "result.json")
+    text = open(path).read()
+    with open(path, "w") as f:
+        f.write(text.replace('"value": ', '"value": 1', 1))  # one changed byte of the number
+    common = ["--row", "vanilla", "--dataset", "iwslt14_de_en", "--data", json.loads(text)["data"], "--save-dir",
+              mt_dir, "--quick", "--updates", "4", "--in-process", "--quiet", "--eval-only"]
+    capsys.readouterr()
+    runner.main(common[:-1])  # not --eval-only: the damaged marker alone must make it run again
+    out = capsys.readouterr()
+    assert f"{path} is damaged" in out.err and "exists: skipping" not in out.out
+    redone = json.load(open(path))
+    assert redone["value"] == json.loads(text)["value"] and redone["setting"] == "quick"
+    runner.main(common[:-2] + ["--", "--seed", "3"])  # other fairseq-train arguments: other settings
+    out = capsys.readouterr()
+    assert f"{path} was made with other settings (train changed)" in out.err
+    assert json.load(open(path))["setting"] == "quick"  # --quick wins over "modified"
+    args = runner.parse_args(["--row", "bet_sf", "--dataset", "iwslt14_de_en", "--data", "D", "--save-dir", "S"])
+    assert runner.setting(args) == "paper"
+    for extra in (["--updates", "20"], ["--", "--max-update", "20"], ["--arch", "vanilla_iwslt"]):
+        assert runner.setting(runner.parse_args(["--row", "bet_sf", "--dataset", "iwslt14_de_en", "--data", "D",
+                                                 "--save-dir", "S", *extra])) == "modified", extra
 
 
 def test_bet_sg_lm_selects_on_the_language_model_loss_and_txl_memory_covers_a_segment(tmp_path):

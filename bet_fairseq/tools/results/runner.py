@@ -20,6 +20,7 @@ import shlex
 import sys
 
 from bet_fairseq import catalog, recipes
+from bet_fairseq.errors import InputError, check_writable_folder
 from bet_fairseq.tools import executor, markers
 
 
@@ -201,6 +202,10 @@ def run_row(args):
         raise RowError(why)
     data, save_dir = os.path.abspath(args.data), os.path.abspath(args.save_dir)
     check_data(row, args.dataset, data)
+    try:
+        check_writable_folder(save_dir, "--save-dir")
+    except InputError as exc:
+        raise RowError(str(exc))
     result_path = os.path.join(save_dir, "result.json")
     job = row_job(row, args.dataset, data, save_dir, args.quick, args.updates, args.extra, cpu=args.cpu, arch=args.arch)
     train_argv, eval_argv = job.commands()
