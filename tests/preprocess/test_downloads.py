@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from preprocess import common, prepare_wikitext
+from bet_fairseq.preprocess import common, prepare_wikitext
 from bet_fairseq.errors import InputError
-from preprocess.common import PrepareError, Source
+from bet_fairseq.preprocess.common import PrepareError, Source
 
 GOOD = b"PK archive bytes " * 1000
 SHA = hashlib.sha256(GOOD).hexdigest()
@@ -112,7 +112,7 @@ def test_an_unwritable_out_dir_is_refused_before_any_work(tmp_path, capsys):
 
 SLOW_PREPARE = """
 import sys
-from preprocess import common
+from bet_fairseq.preprocess import common
 lines = ("a man with a hat walks along the road to the old town ." for _ in range(10 ** 7))
 def main(argv=None):
     print("started", file=sys.stderr, flush=True)

@@ -3,9 +3,9 @@ bet-analyze failed only when writing, after all the runs or the whole split)."""
 
 import pytest
 
-from bet_fairseq.analysis import cli as analyze
-from bet_fairseq.results import table
-from bet_fairseq.study import cli as reproduce
+from bet_fairseq.tools.analysis import cli as analyze
+from bet_fairseq.tools.results import table
+from bet_fairseq.tools.study import cli as reproduce
 
 
 @pytest.fixture
