@@ -41,6 +41,7 @@ MODULES = {
     "vanilla (fairseq)": (None, {}),
     "vanilla (variant skeleton)": ("vanilla_skeleton", {}),
     "diag_free": ("diag_free", {}),
+    "diag_scale 0.2": ("diag_scale", dict(diag_scale=0.2)),
     "bet_sf": ("bet_sf", {}),
     "bet_sf keep-diagonal": ("bet_sf", dict(bet_keep_diagonal=True)),
     "bet_sf share-w": ("bet_sf", dict(bet_share_w=True)),

@@ -15,7 +15,10 @@ from .masks import (COMPUTE, LastMaskMemo, causal_allowed, diagonal_free, masked
 
 # ------------------------------------------------------------------------------------ diagonal
 def scale_diagonal(logits: Tensor, scale: float) -> Tensor:
-    """Reduced / Magnified Diag: each query's own logit ``D_ii`` times ``scale``."""
+    """Reduced / Magnified Diag: each query's own logit ``D_ii`` times ``scale``. One query (a decoding step) is
+    the last key's: its last logit, without building a mask."""
+    if logits.size(-2) == 1:
+        return torch.cat([logits[..., :-1], logits[..., -1:] * scale], dim=-1)
     diag = own_position(logits.size(-2), logits.size(-1), logits.device)
     return torch.where(diag, logits * scale, logits)
 

@@ -38,8 +38,9 @@ def test_dispatch_takes_exact_path_on_short_cpu_sequences(monkeypatch):
     full_forward(m, x, need_weights=False)
 
 
-@pytest.mark.parametrize("mode, options", [("bet_sf", o) for o in BET_CASES] + [("diag_free", {})],
-                         ids=BET_IDS + ["diagfree"])
+@pytest.mark.parametrize("mode, options", [("bet_sf", o) for o in BET_CASES] + [("diag_free", {}),
+                                                                                ("diag_scale", dict(diag_scale=0.2))],
+                         ids=BET_IDS + ["diagfree", "reduced"])
 def test_one_step_decoding_matches_reference(mode, options):
     """Beam-search steps (no masks, cached R and V w_h) against the naive full-sequence reference."""
     m = make_sharp(mode, E, H, **options)
