@@ -28,6 +28,11 @@ dropout 0.3, shared decoder embeddings) and measured on the SAME batches, altern
     1.1 x the source length): both models then decode exactly the same number of steps. All generation
     repetitions run before the first training step, in a process that has not trained yet, as
     fairseq-generate runs;
+(b') generation as the issue measured fairseq-generate: ``--gen-sentences`` (200) source sentences in the batches
+    fairseq-generate builds with ``--batch-size`` (``--gen-batch-size`` 50: its iterator, length-sorted, sizes a
+    multiple of 8), every hypothesis forced to ``--forced-len`` (30) tokens, beam 5, tokens/s; and one sentence at a
+    time (batch 1, ``--latency-sentences``: interactive latency, ms per token). Language models: sampling also
+    with one sequence (batch 1, ms per token). ``--generation-only`` skips training and memory;
 (c) peak memory of a training step, in a fresh subprocess per model (``--memory-mode``):
     on CUDA ``torch.cuda.max_memory_allocated`` minus the memory held before the first step; on
     CPU the peak resident set during the training steps (Linux ``VmHWM``, reset just before them
@@ -53,12 +58,11 @@ import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-USER_DIR = os.path.join(ROOT, "bet_fairseq")
-sys.path.insert(0, ROOT)
+import bet_fairseq
+from bet_fairseq import catalog, recipes  # the flags (recipes.BENCH_TRAIN, the IWSLT14 recipe), the arch names
+from bet_fairseq.files import atomic_write
 
-from bet_fairseq import recipes  # noqa: E402  (the flags: recipes.BENCH_TRAIN, the IWSLT14 recipe)
-from bet_fairseq.files import atomic_write  # noqa: E402
+USER_DIR = bet_fairseq.user_dir()
 
 # size -> architecture overrides, joint vocabulary of the synthetic data, tokens per batch,
 # sentences per generation batch, training / generation batches per repetition.
@@ -72,7 +76,7 @@ SIZES = {
                   gen_batches=2),
 }
 (_, VANILLA), (_, BET) = recipes.SIDE_BY_SIDE
-TARGETS = {"train": 0.95, "generate": 0.95, "memory": 1.10}
+TARGETS = {"train": 0.95, "generate": 0.95, "generate_forced": 0.95, "latency": 0.95, "memory": 1.10}
 # size -> Table 2 dataset (the LM recipe), vocabulary of the synthetic dictionary, extra architecture flags
 LM_SIZES = {
     "lm": dict(dataset="wikitext2", vocab=33278, overrides={}),
@@ -80,7 +84,7 @@ LM_SIZES = {
     "lm_enwik8": dict(dataset="enwik8", vocab=205, overrides={}),
     "lm_tiny": dict(dataset="enwik8", vocab=205, overrides=recipes.lm_sizes(2, 32, 64, 4)),
 }
-LM_TARGETS = {"train": 0.90, "eval_lm": 0.90, "sample": 0.90, "memory": 1.15}
+LM_TARGETS = {"train": 0.90, "eval_lm": 0.90, "sample": 0.95, "sample_b1": 0.95, "memory": 1.15}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,28 +120,30 @@ def build(arch, data_dir, size, device, src="de", tgt="en", max_tokens=None):
     return cfg, task, trainer
 
 
-def make_batches(task, size, data_dir_given, subset, n_batches, max_tokens, seed=1):
-    """Fixed list of fairseq batches: real ones from ``subset`` or synthetic IWSLT-like ones."""
+def synthetic_pairs(task, n=4000, seed=1):
+    """``n`` random sentence pairs with IWSLT14-like BPE lengths (about 20-25 target tokens, a tail to 100)."""
     from fairseq.data import LanguagePairDataset
 
+    rng = random.Random(seed)
+    vocab = len(task.target_dictionary)
+    first = task.target_dictionary.nspecial
+    src, tgt = [], []
+    for _ in range(n):
+        n_tgt = min(100, max(3, int(rng.lognormvariate(3.0, 0.5))))
+        n_src = max(3, int(n_tgt * rng.uniform(0.9, 1.25)))
+        src.append(torch.tensor([rng.randrange(first, vocab) for _ in range(n_src)] + [2]))
+        tgt.append(torch.tensor([rng.randrange(first, vocab) for _ in range(n_tgt)] + [2]))
+    return LanguagePairDataset(src, [len(s) for s in src], task.source_dictionary, tgt, [len(t) for t in tgt],
+                               task.target_dictionary, shuffle=True)
+
+
+def make_batches(task, size, data_dir_given, subset, n_batches, max_tokens, seed=1):
+    """Fixed list of fairseq batches: real ones from ``subset`` or synthetic IWSLT-like ones."""
     if data_dir_given:
         task.load_dataset(subset)
         dataset = task.dataset(subset)
     else:
-        rng = random.Random(seed)
-        vocab = len(task.target_dictionary)
-        first = task.target_dictionary.nspecial
-        src, tgt = [], []
-        for _ in range(4000):
-            # IWSLT14 De-En with BPE: about 20-25 target tokens on average, long tail to ~100.
-            n_tgt = min(100, max(3, int(rng.lognormvariate(3.0, 0.5))))
-            n_src = max(3, int(n_tgt * rng.uniform(0.9, 1.25)))
-            src.append(torch.tensor([rng.randrange(first, vocab) for _ in range(n_src)] + [2]))
-            tgt.append(torch.tensor([rng.randrange(first, vocab) for _ in range(n_tgt)] + [2]))
-        dataset = LanguagePairDataset(
-            src, [len(s) for s in src], task.source_dictionary, tgt, [len(t) for t in tgt],
-            task.target_dictionary, shuffle=True,
-        )
+        dataset = synthetic_pairs(task, seed=seed)
     itr = task.get_batch_iterator(
         dataset, max_tokens=max_tokens, max_positions=(1024, 1024), seed=seed,
         ignore_invalid_inputs=True, required_batch_size_multiple=8,
@@ -162,6 +168,27 @@ def generation_batches(task, batches, n_sentences, n_batches):
     return out
 
 
+def fairseq_generate_batches(task, data_dir_given, subset, sentences, batch_size, seed=2):
+    """The first ``sentences`` source sentences of ``subset`` (synthetic ones without --data) batched as
+    fairseq-generate batches them with ``--batch-size``: its own iterator, length-sorted, batch sizes a multiple
+    of fairseq's default ``--required-batch-size-multiple`` (so --batch-size 50 gives batches of 48)."""
+    from fairseq.data import LanguagePairDataset
+    from fairseq.dataclass.configs import DatasetConfig
+
+    if data_dir_given:
+        task.load_dataset(subset)
+        full = task.dataset(subset)
+    else:
+        full = synthetic_pairs(task, sentences, seed=seed)
+    n = min(sentences, len(full))
+    src = [full.src[i] for i in range(n)]
+    dataset = LanguagePairDataset(src, [len(t) for t in src], task.source_dictionary, shuffle=False)
+    itr = task.get_batch_iterator(dataset, max_sentences=batch_size, max_positions=(1024, 1024),
+                                  ignore_invalid_inputs=True,
+                                  required_batch_size_multiple=DatasetConfig.required_batch_size_multiple)
+    return list(itr.next_epoch_itr(shuffle=False))
+
+
 def sync(device):
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -181,14 +208,17 @@ def time_train(trainer, batches, device):
     return tokens / (CLOCK() - start)
 
 
-def time_generate(task, model, gen_batches, beam, device):
+def time_generate(task, model, gen_batches, beam, device, length=None):
+    """Generated tokens of the best hypotheses per second (fairseq-generate's tokens/s), every hypothesis forced to
+    ``length`` tokens (default: 1.1 x the batch's mean source length)."""
     from fairseq import utils
     from fairseq.dataclass.configs import GenerationConfig
 
     model.eval()
     tokens, elapsed = 0, 0.0
+    forced = length
     for sample in gen_batches:
-        length = max(2, int(1.1 * float(sample["net_input"]["src_lengths"].float().mean())))
+        length = forced or max(2, int(1.1 * float(sample["net_input"]["src_lengths"].float().mean())))
         gen_cfg = GenerationConfig(beam=beam, max_len_a=0, max_len_b=length, min_len=length)
         generator = task.build_generator([model], gen_cfg)
         if device.startswith("cuda"):
@@ -326,7 +356,7 @@ def run(args):
         batches = make_batches(task, args.size, bool(args.data), args.subset, spec["train_batches"],
                                args.max_tokens or spec["max_tokens"])
         gen_batches = generation_batches(task, batches, spec["gen_sentences"], spec["gen_batches"])
-        results = {arch: dict(train=[], generate=[]) for arch in models}
+        results = {arch: dict(train=[], generate=[], generate_forced=[], latency=[]) for arch in models}
         # Generation first, in a process that has not trained yet, as fairseq-generate runs; measured against
         # the interleaved order in docs/performance.md ("Third round"), inside the noise.
         for arch, (task_a, trainer) in models.items():  # warm-up
@@ -337,36 +367,64 @@ def run(args):
                 results[arch]["generate"].append(
                     time_generate(task_a, trainer.get_model(), gen_batches, args.beam, args.device))
             progress("generation", rep, args.reps, {a: results[a]["generate"][-1] for a in models})
-        for _, trainer in models.values():  # warm-up: allocations, optimizer state
+        # as the issue measured fairseq-generate (--batch-size 50, every hypothesis forced to --forced-len tokens),
+        # and one sentence at a time (interactive latency)
+        forced_batches = {key: fairseq_generate_batches(task, bool(args.data), args.gen_subset, sentences, size)
+                          for key, sentences, size in (("generate_forced", args.gen_sentences, args.gen_batch_size),
+                                                       ("latency", args.latency_sentences, 1)) if sentences}
+        for key, measured in forced_batches.items():
+            for rep in range(args.reps):
+                for arch in alternate(models, rep):
+                    task_a, trainer = models[arch]
+                    results[arch][key].append(time_generate(task_a, trainer.get_model(), measured, args.beam,
+                                                            args.device, args.forced_len))
+                progress(key, rep, args.reps, {a: results[a][key][-1] for a in models})
+        for _, trainer in models.values() if not args.generation_only else ():  # warm-up: optimizer state
             trainer.train_step([batches[0]])
-        for rep in range(args.reps):
+        for rep in range(args.reps if not args.generation_only else 0):
             for arch in alternate(models, rep):
                 results[arch]["train"].append(time_train(models[arch][1], batches, args.device))
             progress("training", rep, args.reps, {a: results[a]["train"][-1] for a in models})
         info = dict(
             size=args.size, device=args.device, clock=args.clock, threads=torch.get_num_threads(), reps=args.reps,
             train_batches=len(batches), train_target_tokens=sum(int(b["ntokens"]) for b in batches),
-            gen_sentences=sum(len(b["id"]) for b in gen_batches), beam=args.beam,
+            gen_sentences=sum(len(b["id"]) for b in gen_batches), beam=args.beam, forced_len=args.forced_len,
+            forced_batches={k: [len(b["id"]) for b in v] for k, v in forced_batches.items()},
             data=args.data or "synthetic", torch=torch.__version__,
             params={a: sum(p.numel() for p in t.get_model().parameters()) for a, (_, t) in models.items()},
         )
     del models
-    if not args.no_memory:
+    if not (args.no_memory or args.generation_only):
         for arch in (VANILLA, BET):
             results[arch]["memory"] = measure_memory(args, arch)
     return info, results
 
 
+MEASURES = ("train", "generate", "generate_forced", "latency")
+MS_PER_TOKEN = {"latency", "sample_b1"}  # measured in tokens/s like the others, shown as ms per token
+
+
+def shown(key, tokens_per_s):
+    return f"{1000 / tokens_per_s:.2f}" if key in MS_PER_TOKEN else f"{tokens_per_s:.0f}"
+
+
 def table(info, results):
-    med = {a: {k: statistics.median(v) for k, v in r.items() if k in ("train", "generate")} for a, r in results.items()}
+    med = {a: {k: statistics.median(v) for k, v in r.items() if k in MEASURES and v} for a, r in results.items()}
+    keys = [k for k in MEASURES if k in med[VANILLA]]
     rows = ["| measure | transformer_iwslt_de_en | bet_sf_iwslt | ratio (BET / vanilla) | target | met |",
             "|---|---|---|---|---|---|"]
+    forced = info.get("forced_batches", {})
+    labels = dict(train="training, target tokens/s (wps)", generate=f"generation beam {info['beam']}, tokens/s",
+                  generate_forced=f"generation beam {info['beam']}, {info.get('forced_len')} tokens forced, "
+                                  f"{sum(forced.get('generate_forced', []))} sentences in fairseq-generate's "
+                                  f"batches, tokens/s",
+                  latency=f"batch 1, beam {info['beam']}, {info.get('forced_len')} tokens forced, ms per token")
     verdict = {}
-    for key, label in (("train", "training, target tokens/s (wps)"), ("generate", f"generation beam {info['beam']}, tokens/s")):
+    for key in keys:
         ratio = med[BET][key] / med[VANILLA][key]
         verdict[key] = ratio >= TARGETS[key]
-        rows.append(f"| {label} | {med[VANILLA][key]:.0f} | {med[BET][key]:.0f} | {ratio:.3f} | >= {TARGETS[key]} | "
-                    f"{'yes' if verdict[key] else 'NO'} |")
+        rows.append(f"| {labels[key]} | {shown(key, med[VANILLA][key])} | {shown(key, med[BET][key])} | "
+                    f"{ratio:.3f} | >= {TARGETS[key]} | {'yes' if verdict[key] else 'NO'} |")
     if "memory" in results[VANILLA]:
         mv, mb = results[VANILLA]["memory"], results[BET]["memory"]
         ratio = mb["step_mb"] / mv["step_mb"]
@@ -375,17 +433,24 @@ def table(info, results):
                     f"{ratio:.3f} | <= {TARGETS['memory']} | {'yes' if verdict['memory'] else 'NO'} |")
         rows.append(f"| peak process memory, MiB (for reference) | {mv['peak_mb']:.0f} | {mb['peak_mb']:.0f} | "
                     f"{mb['peak_mb'] / mv['peak_mb']:.3f} | | |")
-    best = {a: {k: max(v) for k, v in r.items() if k in ("train", "generate")} for a, r in results.items()}
+    best = {a: {k: max(v) for k, v in r.items() if k in keys} for a, r in results.items()}
     rows.append("")
     rows.append("best repetition (least disturbed by other load), BET / vanilla: " + ", ".join(
-        f"{key} {best[BET][key] / best[VANILLA][key]:.3f}" for key in ("train", "generate")))
-    rows.append(paired_line(results[VANILLA], results[BET], ("train", "generate")))
+        f"{key} {best[BET][key] / best[VANILLA][key]:.3f}" for key in keys))
+    rows.append(paired_line(results[VANILLA], results[BET], keys))
+    rows.extend(per_run_lines(results, keys))
     head = (f"size={info['size']} device={info['device']} clock={info['clock']} threads={info['threads']} reps={info['reps']} "
             f"data={info['data']} train: {info['train_batches']} batches, {info['train_target_tokens']} target tokens; "
             f"generate: {info['gen_sentences']} sentences, beam {info['beam']}; torch {info['torch']}; "
             f"parameters: vanilla {info['params'][VANILLA]:,}, BET {info['params'][BET]:,}")
     return head + "\n\n" + "\n".join(rows), med, verdict
 
+
+def per_run_lines(results, keys):
+    """Every repetition's figure per model and measure (tokens/s; ms per token where the table shows that), in
+    the order they ran."""
+    return [f"per run, {key}{' (ms per token)' if key in MS_PER_TOKEN else ''}: " + "; ".join(
+        f"{arch} " + ", ".join(shown(key, v) for v in results[arch][key]) for arch in results) for key in keys]
 
 
 def paired_line(vanilla, bet, keys):
@@ -397,7 +462,8 @@ def paired_line(vanilla, bet, keys):
 
 # --------------------------------------------------------------------------------------------- language models
 def lm_arch(row, size):
-    return f"{row}_{'lm_enwik8' if size == 'lm_tiny' else size}"
+    """The row's architecture on the size's dataset (``lm_tiny``: enwik8's, shrunk by its overrides)."""
+    return catalog.row(row).arch(LM_SIZES[size]["dataset"])
 
 
 def build_lm(row, data_dir, size, device, block, max_tokens):
@@ -520,28 +586,29 @@ def run_lm(args):
             eval_batches = lm_batches(task, block, args.max_tokens, args.train_batches, seed=2)
             prompt = lm_prompts(task, args.sample_batch, min(args.prompt, block))
             first_word = task.target_dictionary.nspecial
-            res = {row: dict(train=[], eval_lm=[], sample=[]) for row in rows}
+            res = {row: dict(train=[], eval_lm=[], sample=[], sample_b1=[]) for row in rows}
             # eval-lm and sampling first, in a process that has not trained yet (as fairseq-eval-lm runs), like
             # generation for translation
             for row, (_, trainer) in models.items():  # warm-up
                 time_eval_lm(trainer.get_model(), eval_batches[:1], args.device)
                 time_sample(trainer.get_model(), prompt, 2, args.device, first_word)
             measures = (("eval_lm", lambda m: time_eval_lm(m, eval_batches, args.device)),
-                        ("sample", lambda m: time_sample(m, prompt, args.new_tokens, args.device, first_word)))
+                        ("sample", lambda m: time_sample(m, prompt, args.new_tokens, args.device, first_word)),
+                        ("sample_b1", lambda m: time_sample(m, prompt[:1], args.new_tokens, args.device, first_word)))
             for key, measure in measures:
                 for rep in range(args.reps):
                     for row in alternate(rows, rep):
                         res[row][key].append(measure(models[row][1].get_model()))
                     progress(f"block {block} {key}", rep, args.reps, {row: res[row][key][-1] for row in rows})
-            for _, trainer in models.values():  # warm-up: allocations, optimizer state
+            for _, trainer in models.values() if not args.generation_only else ():  # warm-up: optimizer state
                 trainer.train_step([batches[0]])
-            for rep in range(args.reps):
+            for rep in range(args.reps if not args.generation_only else 0):
                 for row in alternate(rows, rep):
                     res[row]["train"].append(time_train(models[row][1], batches, args.device))
                 progress(f"block {block} train", rep, args.reps, {row: res[row]["train"][-1] for row in rows})
             params = {row: sum(p.numel() for p in t.get_model().parameters()) for row, (_, t) in models.items()}
             del models
-            if not args.no_memory:
+            if not (args.no_memory or args.generation_only):
                 for row in rows:
                     res[row]["memory"] = measure_lm_memory(args, row, block)
             results[str(block)] = res
@@ -558,14 +625,18 @@ def lm_table(info, results):
              "|---|---|---|---|---|---|---|"]
     medians, ratios, met = {}, {}, {}
     labels = dict(train="training, tokens/s", eval_lm="eval-lm (forward, no grad), tokens/s",
-                  sample=f"sampling ({info['new_tokens']} tokens after {info['prompt']}, incremental), tokens/s")
+                  sample=f"sampling ({info['new_tokens']} tokens after {info['prompt']}, incremental), tokens/s",
+                  sample_b1="sampling one sequence (batch 1), ms per token")
     for block, res in results.items():
-        med = {row: {k: statistics.median(v) for k, v in r.items() if k != "memory"} for row, r in res.items()}
+        med = {row: {k: statistics.median(v) for k, v in r.items() if k != "memory" and v} for row, r in res.items()}
         medians[block], ratios[block], met[block] = med, {}, {}
-        for key, label in labels.items():
+        measured = [key for key in labels if key in med["vanilla"]]
+        for key in measured:
+            label = labels[key]
             ratio = med["bet_sf"][key] / med["vanilla"][key]
             ratios[block][key], met[block][key] = ratio, ratio >= LM_TARGETS[key]
-            lines.append(f"| {block} | {label} | {med['vanilla'][key]:.0f} | {med['bet_sf'][key]:.0f} | {ratio:.3f} | "
+            lines.append(f"| {block} | {label} | {shown(key, med['vanilla'][key])} | {shown(key, med['bet_sf'][key])} | "
+                         f"{ratio:.3f} | "
                          f">= {LM_TARGETS[key]} | {'yes' if met[block][key] else 'NO'} |")
         if "memory" in res["vanilla"]:
             mv, mb = res["vanilla"]["memory"], res["bet_sf"]["memory"]
@@ -574,7 +645,8 @@ def lm_table(info, results):
             lines.append(f"| {block} | training-step memory, MiB ({mv['mode']} growth) | {mv['step_mb']:.0f} | "
                          f"{mb['step_mb']:.0f} | {ratio:.3f} | <= {LM_TARGETS['memory']} | "
                          f"{'yes' if met[block]['memory'] else 'NO'} |")
-        lines.append(f"block {block}: " + paired_line(res["vanilla"], res["bet_sf"], labels))
+        lines.append(f"block {block}: " + paired_line(res["vanilla"], res["bet_sf"], measured))
+        lines.extend(f"block {block}: {line}" for line in per_run_lines(res, measured))
     head = (f"size={info['size']} device={info['device']} clock={info['clock']} threads={info['threads']} "
             f"reps={info['reps']} blocks={','.join(map(str, info['blocks']))} max_tokens={info['max_tokens']} "
             f"train_batches={info['train_batches']} sample_batch={info['sample_batch']}; torch {info['torch']}; "
@@ -611,11 +683,20 @@ def main(argv=None):
     p.add_argument("--max-tokens", type=int, help="tokens per training batch (default per --size; language "
                    "models 2048)")
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--gen-sentences", type=int, default=200, help="translation: source sentences generated as "
+                   "fairseq-generate batches them (--gen-batch-size), every hypothesis --forced-len tokens (0: skip)")
+    p.add_argument("--gen-batch-size", type=int, default=50, help="translation: fairseq-generate's --batch-size")
+    p.add_argument("--gen-subset", default="valid", help="split of --data for --gen-sentences")
+    p.add_argument("--forced-len", type=int, default=30, help="tokens of every hypothesis (min_len = max_len)")
+    p.add_argument("--latency-sentences", type=int, default=8, help="translation: sentences generated one at a "
+                   "time (batch 1), ms per token (0: skip)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall: elapsed time, as fairseq reports it; cpu: this process's CPU time "
                    "(all its threads), steadier when other jobs share the machine")
     p.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    p.add_argument("--generation-only", action="store_true", help="generation (language models: eval-lm and "
+                   "sampling) only: no training, no memory")
     p.add_argument("--json", help="also write all figures to this JSON file")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -653,7 +734,7 @@ def main(argv=None):
     info, results = run(args)
     text, med, verdict = table(info, results)
     print(text)
-    ratios = {k: med[BET][k] / med[VANILLA][k] for k in ("train", "generate")}
+    ratios = {k: med[BET][k] / med[VANILLA][k] for k in med[VANILLA]}
     payload = dict(info=info, results=results, medians=med, median_ratios=ratios, targets=TARGETS, met=verdict)
     if args.json:
         with atomic_write(args.json) as f:

@@ -11,22 +11,30 @@ recomputes them.
 (authors) or ``[Q_j / sqrt(d) ; H_j]`` (authors_lm), where H is the first pass's output after ``out_proj``,
 split back into heads; the second pass goes through its own output projection ``bet_out_proj2``. The decoder
 caches R per key.
+
+A decoding step that sees every key (beam search, sampling: one token, no padding) takes ``decoding_step``: two
+matrix products make q and, per head, k, v and what R needs of the new key (weights derived once per generation),
+no mask tensor, the cache read as it is stored; 3 operators more than vanilla's step (docs/performance.md).
 """
 
 import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from ..core.functional import bet_authors_fused, bet_authors_logits, bet_sf_fused, bet_sf_logits
+from ..core.functional import (bet_authors_fused, bet_authors_logits, bet_authors_step, bet_authors_step_projection,
+                               bet_sf_fused, bet_sf_logits, bet_sf_step, bet_sf_step_projection)
 from ..core.masks import rows_without_keys
 from . import Attended, SelfAttentionVariant, register_variant
 from ..errors import InputError
+from .base import CACHE_PREFIX
 
 BET_FORMS = ("equations", "authors", "authors_lm")
+STEP_WEIGHTS = "bet_step_weights"  # the incremental state's entry of decoding_step's derived weights
 
 
 @dataclass
@@ -107,6 +115,70 @@ class BetSFSelfAttention(SelfAttentionVariant):
         logits, final_allowed, first, r = bet_authors_logits(
             q, k, v, w.weight, w.bias, self.out_proj, allowed, keep, r_input, self.dropout_module, cache.get("bet_r"))
         return self.attend_to_logits(logits, final_allowed, v, {"bet_r": r}, first)
+
+    # ------------------------------------------------------------------------------- one decoding step
+    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None, need_weights=True,
+                static_kv=False, attn_mask=None, before_softmax=False, need_head_weights=False):
+        saved = None
+        if (incremental_state is not None and query.size(0) == 1 and (key is None or key is query)
+                and key_padding_mask is None and attn_mask is None and not (need_weights or need_head_weights)
+                and not (static_kv or before_softmax or self.capture_attention) and self.dropout_p() == 0.0):
+            saved = self._get_input_buffer(incremental_state)
+        if saved is None or not self.step_cache_complete(saved):
+            return super().forward(query, key, value, key_padding_mask, incremental_state, need_weights, static_kv,
+                                   attn_mask, before_softmax, need_head_weights)
+        return self.decoding_step(query, saved, incremental_state), None
+
+    def step_cache_complete(self, saved) -> bool:
+        """The cache holds the earlier keys with their R (and V w_h) and no padding mask."""
+        prev_key = saved.get("prev_key")
+        if prev_key is None or saved.get("prev_key_padding_mask") is not None:
+            return False
+        names = ("bet_r", "bet_vw") if self.bet_form == "equations" else ("bet_r",)
+        cached = [saved.get(CACHE_PREFIX + name) for name in names]
+        return all(t is not None and t.size(2) == prev_key.size(2) for t in cached)
+
+    def decoding_step(self, x, saved, incremental_state):
+        """One token (1, B, E) that sees every cached key, as ``forward`` computes it (within float rounding):
+        q and ``k | v | R's terms`` from two products, the rest in ``bet_sf_step`` / ``bet_authors_step``."""
+        bsz, embed_dim, d = x.size(1), x.size(2), self.head_dim
+        q_weight, q_bias, kv_weight, kv_bias, *g = self.step_weights(incremental_state)
+        q = F.linear(x, q_weight, q_bias).view(bsz, self.num_heads, 1, d)
+        kv = F.linear(x, kv_weight, kv_bias).view(bsz, self.num_heads, 1, -1)  # per head: k | v | R's terms
+        k = torch.cat([saved["prev_key"], kv[..., :d]], dim=2)
+        v = torch.cat([saved["prev_value"], kv[..., d:2 * d]], dim=2)
+        keep, prev_r = bool(self.options.bet_keep_diagonal), saved[CACHE_PREFIX + "bet_r"]
+        if self.bet_form == "equations":
+            out, r, vw = bet_sf_step(q, k, v, kv[..., 2 * d], kv[..., 2 * d + 1], prev_r,
+                                     saved[CACHE_PREFIX + "bet_vw"], keep)
+            saved[CACHE_PREFIX + "bet_vw"] = vw
+        else:
+            out, r = bet_authors_step(q, k, v, kv[:, :, 0, 2 * d], g[0], prev_r, keep)
+        saved["prev_key"], saved["prev_value"], saved[CACHE_PREFIX + "bet_r"] = k, v, r
+        self._set_input_buffer(incremental_state, saved)
+        return self.output_projection(out.view(1, bsz, embed_dim))
+
+    def step_weights(self, incremental_state):
+        """``decoding_step``'s weights, derived from the module's once per generation and kept in its incremental
+        state (beside the cache, which beam search reorders: these are not per hypothesis); derived at every step
+        while gradients are recorded, so that no graph is reused."""
+        if torch.is_grad_enabled():
+            return self.derive_step_weights()
+        kept = self.get_incremental_state(incremental_state, STEP_WEIGHTS)
+        if kept is None:
+            kept = dict(enumerate(self.derive_step_weights()))
+            self.set_incremental_state(incremental_state, STEP_WEIGHTS, kept)
+        return kept.values()
+
+    def derive_step_weights(self):
+        """``(q weight, q bias, kv weight, kv bias[, g])`` of ``decoding_step`` (core: ``*_step_projection``)."""
+        projections = [(p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj)]
+        if self.bet_form == "equations":
+            return bet_sf_step_projection(*projections, self.bet_w, self.scaling, self.num_heads)
+        w = self.bet_authors_w
+        return bet_authors_step_projection(*projections, (self.out_proj.weight, self.out_proj.bias), w.weight, w.bias,
+                                           self.scaling, self.num_heads,
+                                           "query" if self.bet_form == "authors_lm" else "key")
 
     def output_projection(self, out):
         return self.out_proj(out) if self.bet_form == "equations" else self.bet_out_proj2(out)

@@ -1,13 +1,14 @@
 """The fast paths of the fairseq variants against the naive reference: BET(SF)'s SDPA second pass (forced
 with ``cpu_exact_max_keys = 0``) and the CPU dispatch to the exact path, the one-step decoding path
-with the cached R and V w_h, decoding with a left-padded prefix, and fused gradients == exact ones."""
+with the cached R and V w_h, decoding with a left-padded prefix, fused gradients == exact ones, and BET(SF)'s
+one-token decoding step (every form and diagonal setting, after a beam reorder, its derived weights)."""
 
 import pytest
 import torch
 
 import bet_fairseq.attention.bet_sf as bet_sf_module
 from conftest import assert_matches_reference, decode, full_forward, make_sharp, padding_mask
-from reference import reference_for
+from reference import reference_bet_authors, reference_for
 
 E, H, T, B = 16, 4, 7, 3
 BET_CASES = [{}, dict(bet_keep_diagonal=True), dict(bet_share_w=True)]
@@ -37,8 +38,9 @@ def test_dispatch_takes_exact_path_on_short_cpu_sequences(monkeypatch):
     full_forward(m, x, need_weights=False)
 
 
-@pytest.mark.parametrize("mode, options", [("bet_sf", o) for o in BET_CASES] + [("diag_free", {})],
-                         ids=BET_IDS + ["diagfree"])
+@pytest.mark.parametrize("mode, options", [("bet_sf", o) for o in BET_CASES] + [("diag_free", {}),
+                                                                                ("diag_scale", dict(diag_scale=0.2))],
+                         ids=BET_IDS + ["diagfree", "reduced"])
 def test_one_step_decoding_matches_reference(mode, options):
     """Beam-search steps (no masks, cached R and V w_h) against the naive full-sequence reference."""
     m = make_sharp(mode, E, H, **options)
@@ -86,3 +88,103 @@ def test_fused_gradients_match_exact(mode, options):
     for name in grads[0]:
         assert torch.isfinite(grads[1][name]).all(), name
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------- BET(SF)'s decoding step
+STEP_CASES = BET_CASES + [dict(bet_form=f, bet_keep_diagonal=k) for f in ("authors", "authors_lm") for k in (0, 1)]
+STEP_IDS = BET_IDS + ["authors", "authors-keepdiag", "authors_lm", "authors_lm-keepdiag"]
+
+
+def make_bet(options):
+    m = make_sharp("bet_sf", E, H, **options)
+    if m.bet_form != "equations":
+        with torch.no_grad():  # R far from its init, so that it matters visibly
+            m.bet_authors_w.weight.normal_(0, 1.0)
+            m.bet_authors_w.bias.normal_(0, 1.0)
+    return m
+
+
+def bet_reference(m, x):
+    return reference_for(m, x) if m.bet_form == "equations" else reference_bet_authors(m, x)
+
+
+def count_steps(monkeypatch):
+    """Counts the calls of the decoding step's core functions (the fast path taken)."""
+    calls = []
+    for name in ("bet_sf_step", "bet_authors_step"):
+        real = getattr(bet_sf_module, name)
+        monkeypatch.setattr(bet_sf_module, name, lambda *a, _real=real, **kw: calls.append(1) or _real(*a, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("options", STEP_CASES, ids=STEP_IDS)
+def test_decoding_step_matches_reference(options, grad, monkeypatch):
+    """Every step after the first takes the one-token path (as fairseq's generator runs it, without gradients, and
+    with them), and each step's output is the reference's row: R, V w_h and the DiagFreeMask as the equations."""
+    m = make_bet(options)
+    x = torch.randn(T, B, E)
+    calls = count_steps(monkeypatch)
+    with torch.set_grad_enabled(grad):
+        got, _, state = decode(m, x, need_weights=False)
+    assert len(calls) == T - 1, "the first step has no cache; every later one takes the fast path"
+    ref = bet_reference(m, x)
+    torch.testing.assert_close(got.double(), ref.out, atol=1e-5, rtol=1e-5)
+    saved = m._get_input_buffer(state)
+    torch.testing.assert_close(saved["prev_variant_bet_r"].double(), ref.r, atol=1e-6, rtol=1e-5)
+    assert saved["prev_key"].shape == saved["prev_value"].shape == (B, H, T, E // H)
+    if m.bet_form == "equations":
+        assert saved["prev_variant_bet_vw"].shape == (B, H, T)
+
+
+@pytest.mark.parametrize("options", STEP_CASES, ids=STEP_IDS)
+def test_decoding_step_after_a_beam_reorder_matches_reference(options, monkeypatch):
+    """Beam search reorders the cache (every tensor of it batch-first) between fast steps; the derived step
+    weights are not per hypothesis and stay out of the reordered buffer."""
+    m = make_bet(options)
+    x = torch.randn(T, B, E)
+    order = torch.tensor([2, 0, 0])
+    calls = count_steps(monkeypatch)
+    with torch.no_grad():
+        _, _, state = decode(m, x[:3], need_weights=False)
+        buffer = m._get_input_buffer(state)
+        assert all(t.size(0) == B for t in buffer.values() if t is not None), "the cache is batch-first"
+        before = {name: t.clone() for name, t in buffer.items() if t is not None}
+        m.reorder_incremental_state(state, order)
+        after = m._get_input_buffer(state)
+        for name, t in before.items():
+            assert torch.equal(after[name], t.index_select(0, order)), f"{name} was not reordered"
+        got, _, _ = decode(m, x[3:, order], state, need_weights=False)
+    assert len(calls) == T - 1
+    torch.testing.assert_close(got.double(), bet_reference(m, x[:, order]).out[3:], atol=1e-5, rtol=1e-5)
+
+
+def test_step_weights_are_derived_once_per_generation_and_follow_new_weights(monkeypatch):
+    """Without gradients the derived weights are kept in the incremental state: once per generation, and a new
+    generation after the weights changed (a training step, a loaded checkpoint) derives them again."""
+    m = make_bet({})
+    x = torch.randn(T, B, E)
+    derived = []
+    real = m.derive_step_weights
+    monkeypatch.setattr(m, "derive_step_weights", lambda: derived.append(1) or real())
+    with torch.no_grad():
+        decode(m, x, need_weights=False)
+        assert len(derived) == 1
+        m.v_proj.weight.mul_(-1.5)
+        m.bet_w.normal_(0, 0.5)
+        got, _, _ = decode(m, x, need_weights=False)
+    assert len(derived) == 2
+    torch.testing.assert_close(got.double(), reference_for(m, x).out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [dict(need_weights=True), dict(key_padding_mask="pad")], ids=["weights", "padding"])
+def test_steps_that_need_weights_or_see_padding_take_the_general_path(kwargs, monkeypatch):
+    m = make_bet({})
+    x = torch.randn(T, B, E)
+    if kwargs.get("key_padding_mask") == "pad":
+        kwargs = dict(key_padding_mask=padding_mask(B, T, left=[(2, 2)]), need_weights=False)
+    calls = count_steps(monkeypatch)
+    got, _, _ = decode(m, x, **kwargs)
+    assert not calls
+    torch.testing.assert_close(got.double(), reference_for(m, x, kwargs.get("key_padding_mask")).out,
+                               atol=1e-5, rtol=1e-5)

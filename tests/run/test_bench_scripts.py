@@ -57,3 +57,25 @@ def test_query_range_benchmark_uses_the_configured_ranges(monkeypatch, capsys):
     assert [r.split("|")[2].strip() for r in rows] == ["vanilla", "64x2", "128x2"]
     assert seen == [2, 2, 2, 1, 1, 1] * 2  # (warm-up + 1 round) x (64x2: masks, fwd, fwd+bwd; 128x2: the same)
     assert functional.query_chunks is default
+
+
+def test_translation_generation_as_fairseq_generate_batches_it(tmp_path):
+    """bench_speed.py --generation-only: the issue's measurement (sentences in fairseq-generate's --batch-size batches,
+    sizes a multiple of 8, every hypothesis forced to --forced-len tokens) and batch 1, with every run's figure."""
+    out = tmp_path / "speed.json"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "run", "bench_speed.py"), "--size", "small", "--reps",
+                           "1", "--generation-only", "--gen-sentences", "20", "--gen-batch-size", "10",
+                           "--latency-sentences", "1", "--forced-len", "3", "--max-tokens", "256", "--threads", "1", "--json",
+                           str(out)],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    speed = json.loads(out.read_text())
+    assert speed["info"]["forced_batches"] == {"generate_forced": [8, 8, 4], "latency": [1]}
+    for arch, res in speed["results"].items():
+        assert res["train"] == [] and "memory" not in res, arch
+        for key in ("generate", "generate_forced", "latency"):
+            (value,) = res[key]
+            assert value > 0 and math.isfinite(value), (arch, key)
+    assert "| batch 1, beam 5, 3 tokens forced, ms per token |" in proc.stdout
+    assert "per run, latency (ms per token): " in proc.stdout
