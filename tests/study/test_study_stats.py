@@ -177,12 +177,12 @@ def test_the_table_and_its_plan():
     head = P.plan("cpu", parts=["headline"])
     assert head == [P.Run("multi30k", row, s) for s in range(1, 9) for row in ("vanilla", "bet_sf")]
     assert runs[:16] == head
-    # every part fits about 3 hours on 2 idle cores (data preparation apart), after the parts before it
+    # every part fits 3-4 hours on 2 cores (data preparation apart), after the parts before it
     counted = []
     for part in P.PARTS:
         mine = [r for r in P.plan("cpu", parts=[part]) if r not in counted]
         counted += mine
-        assert P.expected_seconds("cpu", mine, jobs=2, prepare=False) <= 3.3 * 3600, part
+        assert P.expected_seconds("cpu", mine, jobs=2, prepare=False) <= 4.3 * 3600, part
     assert sorted(counted, key=runs.index) == runs
     # the sweeps: Figure 3's scales (1 = the Transformer) and the lambda_p x heads grid (the default = the row)
     assert {r.setting for r in runs if r.row == "diag_scale"} == {"x0", "x0.2", "x0.5", "x2"}

@@ -74,7 +74,7 @@ def pointer_point(pointer_lambda: float, heads: str) -> Tuple[str, str]:
 
 # ----------------------------------------------------------------------------- THE TABLE: parts and arms
 # An arm is one system (dataset, row, setting) trained with seeds 1..N; N comes from its role at each scale
-# (SEEDS). A part is a list of arms that fits about 3 hours on 2 cores at the cpu scale (--jobs 2); parts run
+# (SEEDS). A part is a list of arms that fits about 3-4 hours on 2 cores at the cpu scale (--jobs 2); parts run
 # separately (--part), in any order, and share finished runs (an arm in two parts is trained once).
 
 
@@ -100,8 +100,8 @@ PARTS: Dict[str, List[Arm]] = {
     # BET(SG)'s lambda_p x --pointer-heads sweep (chosen on validation nll); its default point is the row itself
     "pointer": [Arm("multi30k", *pointer_point(lam, heads), role="sweep")
                 for lam in POINTER_LAMBDAS for heads in POINTER_HEADS],
-    "mt": [Arm("multi30k", "diagfree"), Arm("multi30k", "bet_sg")]
-          + [Arm("multi30k", *diag_point(c), role="point") for c in DIAG_SCALES if c != 1.0],
+    "rows": [Arm("multi30k", "diagfree"), Arm("multi30k", "bet_sg")],
+    "diag": [Arm("multi30k", *diag_point(c), role="point") for c in DIAG_SCALES if c != 1.0],  # Figure 3
     "lm": [Arm("wikitext2", r) for r in (BASELINE, "diagfree", "bet_sf", "bet_sg")]
           + [Arm("wikitext2", BASELINE, "sentences")],
 }
@@ -192,9 +192,9 @@ SCALE_TABLE: Dict[str, Scale] = {
         eval={"mt": {"--cpu": True, "--max-len-a": 1.2, "--max-len-b": 10, "--num-workers": 0},
               "lm": {"--cpu": True, "--tokens-per-sample": 512, "--context-window": 256, "--batch-size": 4,
                             "--num-workers": 0}},
-        # CPU seconds a run: MT 2,000 x ~0.7 s + 10 validations + beam-5 test; LM 3,000 x ~0.34 s + validations +
-        # eval-lm (docs/reproduce.md: measured on an idle and on a loaded machine)
-        seconds_per_run={"mt": 1470.0, "lm": 1200.0},
+        # CPU seconds a run: MT 2,000 x ~0.9 s + 10 validations + beam-5 test; LM 3,000 x ~0.45 s + validations +
+        # eval-lm (docs/reproduce.md: per-update CPU time measured on this 2-core machine under load)
+        seconds_per_run={"mt": 1900.0, "lm": 1650.0},
         # measured: Moses + BPE + binarising ~30 s each; bet-syntax-hints (spaCy, one process) 200 s on
         # Multi30k's English side, 1,300 s on WikiText-2's 2M tokens
         seconds_prepare={"mt": 250.0, "lm": 1350.0},
