@@ -1,14 +1,16 @@
-"""The study in one table: which rows, on which datasets, with how many seeds, at which scale.
+"""The study in one table: which systems (a row of the catalog and a setting), on which datasets, with how many
+seeds, in which part, at which scale.
 
-A run is one (dataset, row, seed). Its fairseq-train flags are the dataset's recipe (``bet_fairseq/recipes.py``
-over its catalog entry: IWSLT14's for Multi30k, WikiText-2's for WikiText-2), then the scale's overrides for
-its kind (model size, updates, schedule), then the row's own flags (``bet_fairseq/catalog.py``: BET(SG)'s task
-and pointer loss), then the seed. The study's datasets are the catalog's with ``study=True`` (any catalog
-dataset with ``--dataset``). Pure Python: imports neither fairseq nor torch.
+A run is one (dataset, row, seed, setting). Its fairseq-train flags are the dataset's recipe
+(``bet_fairseq/recipes.py`` over its catalog entry: IWSLT14's for Multi30k, WikiText-2's for WikiText-2), then
+the scale's overrides for its kind (model size, updates, schedule), then the row's own flags
+(``bet_fairseq/catalog.py``: BET(SG)'s task and pointer loss), then the setting's (a sweep point, a control:
+``SETTINGS``), then the seed. The study's datasets are the catalog's with ``study=True``. Pure Python: imports
+neither fairseq nor torch.
 
-The seconds per run are measured estimates (process CPU time of fairseq-train with one thread,
-which a busy machine does not inflate as it does wall time; see docs/reproduce.md for how), used
-to print the expected total before a study starts and the time left while it runs.
+The seconds per run are estimates from the per-update CPU time of fairseq-train with one thread (wall time on a
+shared machine is no measure; docs/reproduce.md says how and under what load), used to print the expected time
+of each part before it starts and the time left while it runs.
 """
 
 from dataclasses import dataclass, field
@@ -56,6 +58,9 @@ SETTINGS: Dict[str, Flags] = {
        for lam in POINTER_LAMBDAS for heads in POINTER_HEADS if pointer_setting(lam, heads)},
     **{f"x{_number(c)}": {"--diag-scale": c} for c in DIAG_SCALES if c != 1.0},
 }
+# system -> the system it is also compared with, like for like (BET(SG)'s language model trains on sentences
+# as the control does; both are evaluated on 512-token blocks)
+CONTROLS = {"bet_sg": "vanilla+sentences"}
 # how a setting changes its row's label ({row}: the row's own label)
 SETTING_LABELS = {"sentences": "{row} trained on sentences (control)",
                   **{f"x{_number(c)}": f"Transformer (diagonal x {_number(c)})" for c in DIAG_SCALES},
@@ -173,8 +178,8 @@ SCALE_TABLE: Dict[str, Scale] = {
         analysis_batches=4, bootstrap_resamples=200, ar_trials=500,
         departures=("everything: a test of the machinery, not a setting",)),
     "cpu": Scale(
-        "cpu", "small models on the full corpora, trained past their steepest learning (PLATEAU); each part "
-               "about 3 hours on 2 CPU cores (--jobs 2)",
+        "cpu", "small models on the full corpora, trained past their steepest learning (the plateau criterion); "
+               "parts of 1-4 hours on 2 CPU cores (--jobs 2)",
         data={"mt": {"max_train": 0, "max_eval": 0, "bpe_merges": 4000},
               "lm": {"max_train": 0, "max_eval": 0, "bpe_merges": 0}},
         # MT: 3+3 layers of 128 (IWSLT14's recipe otherwise), 2,000 updates of 2,048 tokens (~7.5 epochs);
