@@ -57,6 +57,7 @@ def test_smoke_study_writes_the_report(study):
                 if system != P.BASELINE and entry["diff"].get("p") is not None:
                     assert entry["diff"]["p_holm"] >= entry["diff"]["p"]
     assert "vanilla+sentences" in data["summary"]["wikitext2"]["ppl"]
+    assert data["summary"]["wikitext2"]["ppl"]["bet_sg"]["vs_control"]["diff"]["seeds"] == [1, 2]
     assert not any(s.startswith("bet_sg+") for s in data["summary"]["multi30k"]["bleu"])  # sweep points: apart
     pairs = data["significance"]["pairs"]
     assert {(p["system"], p["seed"]) for p in pairs if p["system"] == "bet_sf"} == {("bet_sf", 1), ("bet_sf", 2)}

@@ -127,7 +127,11 @@ def enrich(records, work):
             refs = f.read().splitlines()
     out = []
     for r in records:
-        r = dict(r, system=system_of(r))
+        # the run's folder under this work folder (the record's own "dir" is where it was made, maybe moved since)
+        r = dict(r, system=system_of(r),
+                 dir=U.run_dir(work, P.Run(r["dataset"], r["row"], r["seed"], r.get("setting") or "")))
+        if r.get("table1"):
+            r["table1"] = os.path.join(r["dir"], os.path.basename(r["table1"]))
         log = os.path.join(r["dir"], "train.log")
         curves = parse_log(log) if os.path.exists(log) else {"train_nll": [], "valid_nll": []}
         r["curves"] = {"train_nll": curves["train_nll"], "valid_nll": curves["valid_nll"]}
@@ -181,6 +185,13 @@ def summarise(records):
                 paper_base = catalog.row(P.BASELINE).paper.get(ds.paper)
                 entry["paper"] = paper if ds.paper_comparable else None
                 entry["paper_diff"] = None if paper is None or paper_base is None else round(paper - paper_base, 2)
+            for system, control in P.CONTROLS.items():
+                if system in by_system and control in by_system:
+                    theirs = {int(k): v for k, v in by_system[control]["values"].items()}
+                    mine = {int(k): v for k, v in by_system[system]["values"].items()}
+                    diff = S.paired_difference(mine, theirs)
+                    by_system[system]["vs_control"] = {"control": control, "diff": diff,
+                                                       "verdict": verdict(diff, metric)}
             family = {s: e["diff"]["p"] for s, e in by_system.items() if e.get("diff", {}).get("p") is not None}
             for system, p in S.holm(family).items():
                 by_system[system]["diff"]["p_holm"] = p
@@ -259,7 +270,7 @@ def pointer_sweep(records, scale):
             and r["seed"] in seeds_kept and r.get("best_valid_nll") is not None}
     out = {"points": points, "seeds": sorted(seeds_kept), "transformer": S.mean_ci(list(base.values())),
            "default": dict(catalog.POINTER_DEFAULT), "complete": len(complete) == len(points)}
-    if complete:
+    if out["complete"]:  # a choice among some of the points could change when the others finish
         best = min(complete, key=lambda p: p["ci"]["mean"])
         out["chosen"] = {"pointer_lambda": best["pointer_lambda"], "pointer_heads": best["pointer_heads"]}
         out["matches_default"] = out["chosen"] == out["default"]
@@ -446,6 +457,9 @@ def plot_pointer_sweep(sweep, out):
     if t.get("mean") is not None:
         ax.axhline(t["mean"], color="#444444", linestyle="--", linewidth=1, label="Transformer")
     ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(P.POINTER_LAMBDAS)
+    ax.set_xticklabels([f"{lam:g}" for lam in P.POINTER_LAMBDAS])
     ax.set_xlabel("lambda_p")
     ax.set_ylabel(f"best validation nll (bits), mean over seeds {', '.join(map(str, sweep['seeds']))}")
     ax.set_title("BET(SG) on Multi30k: the pointer-loss sweep (validation only)", fontsize=9)
@@ -538,6 +552,12 @@ def _comparisons(data):
                 tests += f"; test-resampling 95% interval [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]"
             L.append(f"- {ds.label}, {entry['label']} vs Transformer: {_ci(d, sign=True)} {METRIC_NAME[main]} "
                      f"({len(d['seeds'])} seeds): {entry['verdict']}{tests}{agree}.")
+            c = entry.get("vs_control")
+            if c:
+                L.append(f"- {ds.label}, {entry['label']} vs {label_of(c['control'])} (like for like: both trained on "
+                         f"sentences, evaluated on blocks): {_ci(c['diff'], sign=True)} {METRIC_NAME[main]} "
+                         f"({len(c['diff']['seeds'])} seeds): {c['verdict']}; paired t-test p = {_p(c['diff'].get('p'))} "
+                         "(two-sided, not in the Holm family).")
     return L
 
 
