@@ -118,6 +118,24 @@ QUICK_EVAL: Dict[str, Flags] = {
 }
 
 
+# An adaptive softmax (--adaptive-softmax-cutoff) is trained by fairseq's adaptive_loss, which has no label
+# smoothing: the criterion of a recipe -> its adaptive-softmax counterpart.
+ADAPTIVE_CRITERIA = {"cross_entropy": "adaptive_loss",
+                     "label_smoothed_cross_entropy_with_pointer": "adaptive_loss_with_pointer"}
+
+
+def for_softmax(flags: Flags) -> Flags:
+    """``flags`` with the criterion its output layer needs: with ``--adaptive-softmax-cutoff``, the adaptive
+    counterpart of its criterion (``ADAPTIVE_CRITERIA``; label smoothing, which it does not have, must be 0)."""
+    criterion = flags.get("--criterion")
+    if not flags.get("--adaptive-softmax-cutoff") or criterion not in ADAPTIVE_CRITERIA:
+        return flags
+    if float(flags.get("--label-smoothing") or 0.0) != 0.0:
+        raise ValueError(f"--adaptive-softmax-cutoff: {ADAPTIVE_CRITERIA[criterion]} has no label smoothing, "
+                         f"got --label-smoothing {flags['--label-smoothing']}")
+    return merge(flags, {"--criterion": ADAPTIVE_CRITERIA[criterion], "--label-smoothing": None})
+
+
 def train_recipe(dataset: str, quick: bool = False, updates: Optional[int] = None) -> Flags:
     """fairseq-train flags of a Table 2 run on ``dataset`` (before a row's own flags): its kind's recipe, the
     dataset's own flags (those of the dataset it takes its recipe from), the common flags."""

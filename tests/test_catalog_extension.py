@@ -66,5 +66,6 @@ def test_a_new_row_and_dataset_reach_every_tool(tmp_path):
     # the study plan: the new dataset is in the default plan, and the new row can be asked for
     plan = in_copy(root, "-m", "bet_fairseq.tools.study.cli", "--scale", "smoke", "--only", "vanilla,my_row",
                    "--dry-run", "--work-dir", str(tmp_path / "work")).stdout
-    assert "My corpus: vanilla x2, my_row x2" in plan
+    assert "part my_corpus: 2 runs" in plan and "my_corpus/vanilla x2" in plan
+    assert "rows outside the parts: " in plan and "my_corpus/my_row/seed2" in plan
     assert "# my_corpus/my_row/seed1" in plan and "--arch my_row_iwslt" in plan

@@ -18,7 +18,8 @@ from ..errors import InputError
 class DiagScaleOptions(FairseqDataclass):
     diag_scale: float = field(
         default=1.0,
-        metadata={"help": "diag_scale: factor c > 0 on the diagonal logits (0.2 Reduced, 2.0 Magnified)"},
+        metadata={"help": "diag_scale: factor c >= 0 on the diagonal logits (0.2 Reduced, 2.0 Magnified; 0 sets them to 0, "
+                          "which is not DiagFreeMask's -inf)"},
     )
 
 
@@ -32,9 +33,9 @@ class DiagScaleSelfAttention(SelfAttentionVariant):
             scale = float(options.diag_scale)
         except (TypeError, ValueError):
             raise InputError(f"--diag-scale must be a number, got {options.diag_scale!r}") from None
-        if not math.isfinite(scale) or scale <= 0:
+        if not math.isfinite(scale) or scale < 0:
             raise InputError(
-                f"--diag-scale must be a finite number > 0 (it multiplies the diagonal logits; "
+                f"--diag-scale must be a finite number >= 0 (it multiplies the diagonal logits; "
                 f"use --self-attn-mode diag_free to remove the diagonal), got {scale}"
             )
 

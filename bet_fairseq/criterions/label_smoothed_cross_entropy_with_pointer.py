@@ -11,11 +11,12 @@ are divided by the same sample size (target tokens) in the gradient, and ``point
 like ``loss``: per target token, in base 2 (summed over blocks, before ``pointer_lambda``).
 ``loss`` in the log includes ``pointer_lambda * L_p``; ``nll_loss`` / ``ppl`` are the token loss only.
 
-``A`` is read from the decoder's ``SelfAttentionVariant`` modules (``attention.capture.capture_attention``,
-per head, with gradients), switched on for this forward only: decoding pays nothing.
-``--pointer-heads``: ``mean`` (default) puts the loss on the head-averaged distribution (the
-layer's attention matrix as fairseq reports it), ``first`` on head 0 of each layer only (the
-other heads stay free), ``all`` on every head (the per-head losses averaged over heads).
+``A`` is read from the decoder's ``SelfAttentionVariant`` modules (``capture_attention``, per
+head, with gradients), switched on for this forward only: decoding pays nothing.
+``--pointer-heads``: ``mean`` puts the loss on the head-averaged distribution (the layer's attention
+matrix as fairseq reports it; ``-log`` of the head mean is 0 only when every head puts all its mass on
+the hint), ``first`` on head 0 of each layer only (the other heads stay free), ``all`` on every head
+(the per-head losses averaged over heads). The defaults are ``catalog.POINTER_DEFAULT``.
 With ``--pointer-lambda 0`` (or a batch without hints) this is exactly
 ``label_smoothed_cross_entropy``.
 """
@@ -36,6 +37,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.logging import metrics
 
 from ..attention.capture import capture_attention, decoder_self_attentions
+from ..catalog import POINTER_DEFAULT
 from ..compat import register_help
 from ..syntax_hint_batch import HINT_PAD, SYNTAX_HINTS
 from ..errors import InputError
@@ -48,12 +50,12 @@ POINTER_HEADS = ("mean", "first", "all")
 @dataclass
 class PointerLossOptions(FairseqDataclass):
     pointer_lambda: float = field(
-        default=0.05,
+        default=POINTER_DEFAULT["pointer_lambda"],
         metadata={"help": "lambda_p: weight of the syntax pointer loss (summed over decoder blocks); "
                           "0 = plain label_smoothed_cross_entropy"},
     )
     pointer_heads: ChoiceEnum(list(POINTER_HEADS)) = field(
-        default="mean",
+        default=POINTER_DEFAULT["pointer_heads"],
         metadata={"help": "which attention takes the pointer loss: mean (head-averaged distribution of "
                           "each layer), first (head 0 of each layer), all (every head, averaged)"},
     )
@@ -100,35 +102,44 @@ def pointer_loss(log_attentions, hints, heads: str = "mean"):
     return total
 
 
+def pointer_attention_modules(model):
+    """The decoder self-attentions the pointer loss reads (an error for a model it cannot train)."""
+    try:
+        modules = decoder_self_attentions(model)
+    except ValueError as e:
+        raise InputError(
+            "the pointer loss (--criterion *_with_pointer) needs a bet-fairseq model whose decoder self-attention "
+            f"can be captured (--arch bet_sg_iwslt, bet_sg_wmt_en_de, bet_sg_lm ...): {e}"
+        ) from None
+    diag_free = sorted({m.variant_name for m in modules if m.masks_diagonal})
+    if diag_free:
+        raise InputError(
+            f"the pointer loss cannot train a self-attention that masks the diagonal (--self-attn-mode {diag_free[0]}): "
+            "hints that point at a position itself would need log 0; use --arch bet_sg_* "
+            "(vanilla self-attention) or --bet-keep-diagonal"
+        )
+    return modules
+
+
+def check_pointer_options(pointer_lambda, pointer_heads):
+    if not math.isfinite(pointer_lambda) or pointer_lambda < 0:
+        raise InputError(f"--pointer-lambda must be a finite number >= 0, got {pointer_lambda}")
+    if str(pointer_heads) not in POINTER_HEADS:
+        raise InputError(f"--pointer-heads: unknown choice {pointer_heads!r}; choose one of {', '.join(POINTER_HEADS)}")
+
+
 @register_criterion("label_smoothed_cross_entropy_with_pointer", dataclass=LabelSmoothedCrossEntropyWithPointerConfig)
 class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
-                 pointer_lambda=0.05, pointer_heads="mean"):
+                 pointer_lambda=POINTER_DEFAULT["pointer_lambda"], pointer_heads=POINTER_DEFAULT["pointer_heads"]):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        if not math.isfinite(pointer_lambda) or pointer_lambda < 0:
-            raise InputError(f"--pointer-lambda must be a finite number >= 0, got {pointer_lambda}")
-        if str(pointer_heads) not in POINTER_HEADS:
-            raise InputError(f"--pointer-heads: unknown choice {pointer_heads!r}; choose one of {', '.join(POINTER_HEADS)}")
+        check_pointer_options(pointer_lambda, pointer_heads)
         self.pointer_lambda = pointer_lambda
         self.pointer_heads = str(pointer_heads)
         self._warned = False
 
     def _attention_modules(self, model):
-        try:
-            modules = decoder_self_attentions(model)
-        except ValueError as e:
-            raise InputError(
-                "--criterion label_smoothed_cross_entropy_with_pointer needs a bet-fairseq model whose "
-                f"decoder self-attention can be captured (--arch bet_sg_iwslt, bet_sg_wmt_en_de, bet_sg_lm ...): {e}"
-            ) from None
-        diag_free = sorted({m.variant_name for m in modules if m.masks_diagonal})
-        if diag_free:
-            raise InputError(
-                f"the pointer loss cannot train a self-attention that masks the diagonal (--self-attn-mode {diag_free[0]}): "
-                "hints that point at a position itself would need log 0; use --arch bet_sg_* "
-                "(vanilla self-attention) or --bet-keep-diagonal"
-            )
-        return modules
+        return pointer_attention_modules(model)
 
     def forward(self, model, sample, reduce=True):
         hints = sample.get(SYNTAX_HINTS) if (self.pointer_lambda > 0 and reduce) else None

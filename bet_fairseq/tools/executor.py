@@ -15,7 +15,6 @@ import datetime
 import logging
 import os
 import re
-import resource
 import shlex
 import shutil
 import signal
@@ -114,10 +113,18 @@ def _header(argv, suffix=""):
     return f"# {datetime.datetime.now().isoformat(timespec='seconds')} {shlex.join(argv)}{suffix}\n"
 
 
-def run_logged(argv: List[str], log_path: str, echo: bool = False) -> Tuple[int, float]:
+def _wait(proc) -> Tuple[int, float]:
+    """Wait for ``proc``: (exit status, the CPU seconds of that process alone, user + system; exact also when
+    several runs go side by side, which the children's summed rusage is not)."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
+def run_logged(argv: List[str], log_path: str, echo: bool = False) -> Tuple[int, float, float]:
     """``argv`` in a subprocess, its output appended to ``log_path`` (and to our stdout when ``echo``); returns
-    (exit status, wall seconds). An interruption stops the child too (fairseq writes checkpoints under a
-    temporary name, so nothing is left half-written)."""
+    (exit status, wall seconds, CPU seconds of the subprocess). An interruption stops the child too (fairseq
+    writes checkpoints under a temporary name, so nothing is left half-written)."""
     start = time.time()
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(_header(argv))
@@ -131,14 +138,14 @@ def run_logged(argv: List[str], log_path: str, echo: bool = False) -> Tuple[int,
                 for line in proc.stdout:
                     log.write(line)
                     sys.stdout.write(line)
-            rc = proc.wait()
+            rc, cpu = _wait(proc)
         except BaseException:
             stop(proc)
             raise
         finally:
             with _LIVE_LOCK:
                 LIVE.discard(proc)
-    return rc, time.time() - start
+    return rc, time.time() - start, cpu
 
 
 def stop(proc, grace=30):
@@ -214,19 +221,13 @@ def run_in_process(argv: List[str], log_path: str, echo: bool = False) -> Tuple[
     return rc, time.time() - start
 
 
-def _child_cpu():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def execute(argv: List[str], log_path: str, in_process: bool = False, echo: bool = False):
-    """(exit status, wall seconds, CPU seconds of the child; None in process)."""
+    """(exit status, wall seconds, CPU seconds of the run: of its subprocess, or of this process in process)."""
     if in_process:
+        before = time.process_time()
         rc, wall = run_in_process(argv, log_path, echo)
-        return rc, wall, None
-    before = _child_cpu()
-    rc, wall = run_logged(argv, log_path, echo)
-    return rc, wall, _child_cpu() - before  # approximate when several runs end at once (--jobs)
+        return rc, wall, time.process_time() - before
+    return run_logged(argv, log_path, echo)
 
 
 # ----------------------------------------------------------------------------- reading the results

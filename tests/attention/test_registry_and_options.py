@@ -111,9 +111,8 @@ def test_unknown_mode_is_a_clear_error():
 
 
 BAD_VALUES = [
-    ("diag_scale", dict(diag_scale=0.0), "--diag-scale must be a finite number > 0"),
-    ("diag_scale", dict(diag_scale=-1.0), "--diag-scale must be a finite number > 0"),
-    ("diag_scale", dict(diag_scale=math.nan), "--diag-scale must be a finite number > 0"),
+    ("diag_scale", dict(diag_scale=-1.0), "--diag-scale must be a finite number >= 0"),
+    ("diag_scale", dict(diag_scale=math.nan), "--diag-scale must be a finite number >= 0"),
     ("diag_scale", dict(diag_scale="big"), "--diag-scale must be a number"),
     ("sparse_topk", dict(sparse_topk=0), "--sparse-topk must be a whole number >= 1"),
     ("sparse_topk", dict(sparse_topk=-3), "--sparse-topk must be a whole number >= 1"),
@@ -162,3 +161,17 @@ def test_state_dict_of_another_variant_is_a_clear_error(theirs, ours, message):
     sd = {f"layer.{k}": v for k, v in make_attention(theirs, E, H).state_dict().items()}
     with pytest.raises(ValueError, match=re.escape(message) + ".*trained with another --self-attn-mode"):
         make_attention(ours, E, H).upgrade_state_dict_named(sd, "layer")
+
+
+def test_diag_scale_zero_sets_the_diagonal_logits_to_zero():
+    # Figure 3's sweep starts at 0: the own logit becomes 0 (not -inf, which is DiagFreeMask), so a query still
+    # gives itself weight exp(0) / Z; here one query and two keys with logits (2, own 3) -> softmax of (2, 0).
+    import torch
+
+    m = make_attention("diag_scale", E, H, diag_scale=0.0)
+    q = torch.zeros(1, 1, 2, 1)
+    k = torch.zeros(1, 1, 2, 1)
+    q[..., 1, 0], k[..., 0, 0], k[..., 1, 0] = 1.0, 2.0, 3.0
+    allowed = torch.tensor([[True, False], [True, True]])
+    scores = m.scores(q, k, allowed)
+    assert float(scores[0, 0, 1, 1]) == 0.0 and float(scores[0, 0, 1, 0]) == 2.0

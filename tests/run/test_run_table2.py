@@ -141,7 +141,8 @@ def test_curves_parse_simple_format(tmp_path):
         "wps=1200, ups=3.1, wpb=400, bsz=16, num_updates=10, lr=0.0001, gnorm=2.1, train_wall=3, wall=5\n"
         "2026-01-01 10:00:02 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.201 | nll_loss 9.1 | "
         "ppl 588.3 | wps 5000 | wpb 420 | bsz 16 | num_updates 57\n")
-    assert parse_log(str(log)) == {"train": [(10, 9.512)], "valid": [(57, 9.201)]}
+    assert parse_log(str(log)) == {"train": [(10, 9.512)], "valid": [(57, 9.201)],
+                                   "train_nll": [(10, 9.4)], "valid_nll": [(57, 9.1)]}
 
 
 def test_row_table_matches_the_paper():

@@ -1,10 +1,13 @@
 """``bet-reproduce --scale smoke`` end to end on the real corpora (Multi30k and WikiText-2 slices of
-../shared/data): data preparation with the project's steps, fairseq-train / fairseq-generate /
-fairseq-eval-lm through their real entry points (in process), Table 1, the report, its JSON and PNGs;
-then a second invocation, which must redo nothing."""
+../shared/data), every part (the headline pair, BET(SG)'s lambda_p sweep, the other rows with Figure 3's
+diagonal sweep, the language models with their control): data preparation with the project's steps,
+fairseq-train / fairseq-generate / fairseq-eval-lm through their real entry points (in process), Table 1,
+the statistics, the report, its JSON and its figures; a second invocation, which must redo nothing; a
+report from a partly finished study (``--report-only``)."""
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -12,6 +15,9 @@ from cli_utils import require_shared
 
 from bet_fairseq.tools.study import plan as P
 from bet_fairseq.tools.study.cli import main
+
+FIGURES = ("curves_multi30k.png", "curves_wikitext2.png", "figure45_multi30k.png", "figure45_wikitext2.png",
+           "differences.png", "figure3_diag_scale.png", "pointer_sweep.png", "attention_heatmap.png")
 
 
 @pytest.fixture(scope="module")
@@ -28,54 +34,88 @@ def test_smoke_study_writes_the_report(study):
     root, _, rc = study
     assert rc == 0
     out = root / "out"
-    for name in ("REPORT.md", "results.json", "bars.png", "curves_multi30k.png", "curves_wikitext2.png"):
+    for name in ("REPORT.md", "results.json") + FIGURES:
         assert (out / name).stat().st_size > 0, name
     data = json.loads((out / "results.json").read_text())
-    got = sorted((r["dataset"], r["row"], r["seed"]) for r in data["runs"])
-    assert got == sorted((d, r, s) for d in P.DATASETS for r in P.STUDY for s in (1, 2))
-    assert data["missing"] == []
+    got = sorted((r["dataset"], r["system"], r["seed"]) for r in data["runs"])
+    assert got == sorted((r.dataset, r.system, r.seed) for r in P.plan("smoke"))
+    assert all(not names for names in data["missing"].values())
     for r in data["runs"]:
-        assert r["num_updates"] == 6 and r["value"] is not None
+        assert r["num_updates"] == 8 and r["value"] is not None
+        assert r["plateau"]["to_update"] == 8 and r["plateau"]["from_update"] == 6
         if r["dataset"] == "multi30k":
-            assert r["sentences"] == 20 and r["sacrebleu"] is not None
-    # statistics: every row on both datasets, paired with the Transformer on both seeds
-    for d, metrics in (("multi30k", ("bleu", "sacrebleu")), ("wikitext2", ("ppl",))):
+            assert r["sentences"] == 20 and r["sacrebleu_raw"] is not None
+    # statistics: the main rows on both datasets, paired with the Transformer on both seeds, Holm over the family
+    for d, metrics in (("multi30k", ("sacrebleu_raw", "bleu")), ("wikitext2", ("ppl",))):
         for metric in metrics:
             rows = data["summary"][d][metric]
-            assert set(rows) == set(P.STUDY)
-            for row, entry in rows.items():
-                assert entry["ci"]["n"] == 2
-                assert row == P.BASELINE or entry["diff"]["seeds"] == [1, 2]
-    assert [b["seed"] for b in data["bootstrap"]] == [1, 2]
-    assert all(b["resamples"] == 1000 and 0 <= b["p"] <= 1 for b in data["bootstrap"])
+            assert set(P.MAIN_ROWS) <= set(rows)
+            for system, entry in rows.items():
+                if system in P.MAIN_ROWS:
+                    assert entry["ci"]["n"] == 2
+                    assert system == P.BASELINE or entry["diff"]["seeds"] == [1, 2]
+                if system != P.BASELINE and entry["diff"].get("p") is not None:
+                    assert entry["diff"]["p_holm"] >= entry["diff"]["p"]
+    assert "vanilla+sentences" in data["summary"]["wikitext2"]["ppl"]
+    assert data["summary"]["wikitext2"]["ppl"]["bet_sg"]["vs_control"]["diff"]["seeds"] == [1, 2]
+    assert not any(s.startswith("bet_sg+") for s in data["summary"]["multi30k"]["bleu"])  # sweep points: apart
+    pairs = data["significance"]["pairs"]
+    assert {(p["system"], p["seed"]) for p in pairs if p["system"] == "bet_sf"} == {("bet_sf", 1), ("bet_sf", 2)}
+    assert all(0 < p["bs_p"] <= 1 and 0 < p["ar_p"] <= 1 for p in pairs)
+    assert "case:lc" in data["significance"]["signature_bleu"]
+    assert data["test_resampling"]["multi30k"]["bet_sf"]["seeds"] == [1, 2]
+    sweep = data["pointer_sweep"]
+    assert sweep["complete"] and len(sweep["points"]) == 6 and "chosen" in sweep
+    assert [p["scale"] for p in data["diag_sweep"]["points"]] == list(P.DIAG_SCALES)
     for d in P.DATASETS:
         assert set(data["table1"][d]) == set(P.ANALYSED)
         assert len(data["table1"][d]["bet_sf"]["matrices"]["first_pass"]) == 2  # two decoder layers
     report = (out / "REPORT.md").read_text()
     for text in ("smoke test", "not resolved", "Multi30k is not in the paper", "| BET(SG) | 2 (1, 2) |",
-                 "Paired bootstrap", "paper's Transformer", "commit:", "torch 2."):
+                 "approximate randomisation", "test-resampling", "Holm", "Plateau criterion", "paper's Transformer",
+                 "commit:", "torch 2.", "where they depart from the paper", "trained on sentences (control)",
+                 "chosen on Multi30k validation nll"):
         assert text in report, text
+    for name in FIGURES:
+        assert f"({name})" in report, name
 
 
 def test_second_invocation_redoes_nothing(study, capsys):
     root, argv, _ = study
     runs = root / "work" / "runs"
     markers = sorted(runs.glob("*/*/seed*/run.json"))
-    assert len(markers) == 16
+    n = len(P.plan("smoke"))
+    assert len(markers) == n
     files = markers + sorted(runs.glob("*/*/seed*/*.log")) + sorted(runs.glob("*/*/seed*/*.pt"))
     before = {p: p.stat().st_mtime_ns for p in files}
     capsys.readouterr()
-    assert main(argv) == 0
-    assert "16 runs, 16 finished" in capsys.readouterr().out
+    assert main(argv + ["--no-plots"]) == 0
+    assert f"{n} runs, {n} finished" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in files} == before
 
     # a run stopped after its training (no run.json yet) is evaluated again, not trained again
     stopped = runs / "wikitext2" / "bet_sf" / "seed2"
     (stopped / "run.json").unlink()
-    assert main(argv) == 0
+    assert main(argv + ["--part", "lm", "--no-plots"]) == 0
     out = capsys.readouterr().out
-    assert "15 finished" in out and out.count("already done") == 15 and "wikitext2/bet_sf/seed2: ppl" in out
+    assert "wikitext2/bet_sf/seed2: ppl" in out and out.count("already done") == len(P.plan("smoke", parts=["lm"])) - 1
     after = {p: p.stat().st_mtime_ns for p in files}
     assert after[stopped / "train.log"] == before[stopped / "train.log"]
     assert after[stopped / "eval.log"] != before[stopped / "eval.log"]
     assert all(after[p] == before[p] for p in files if stopped not in p.parents)
+
+
+def test_report_only_on_a_partly_finished_study(study, tmp_path):
+    root, argv, _ = study
+    work = tmp_path / "work"
+    shutil.copytree(root / "work", work, ignore=shutil.ignore_patterns("*.pt"))
+    for run in P.plan("smoke", parts=["lm"]) + P.plan("smoke", parts=["pointer"])[:2]:
+        shutil.rmtree(work / "runs" / run.dataset / run.system / f"seed{run.seed}", ignore_errors=True)
+    out = tmp_path / "out"
+    assert main(["--scale", "smoke", "--work-dir", str(work), "--out", str(out), "--report-only"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert set(data["summary"]) == {"multi30k"} and len(data["missing"]["lm"]) == len(P.plan("smoke", parts=["lm"]))
+    assert not data["pointer_sweep"]["complete"] and "chosen" not in data["pointer_sweep"]
+    report = (out / "REPORT.md").read_text()
+    assert "Part `lm`:" in report and "sweep is not complete" in report
+    assert "attention_heatmap.png" not in report  # no checkpoints copied: no heatmap, and no failure

@@ -63,45 +63,152 @@ def mean_of_first(column_sums):
     return column_sums[0] / column_sums[1]  # statistic: [score, 1] per sentence -> the mean score
 
 
-def test_bootstrap_on_a_two_sentence_set():
-    # B beats A on sentence 0 by 1 and ties on sentence 1. A resample of 2 sentences has B - A <= 0 only
-    # when it draws sentence 1 twice: probability 1/4, so p = 0.25 (sd 0.014 over 1000 resamples);
-    # the resampled delta is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4: 2.5 / 97.5 percentiles 0 and 1.
+def test_two_sided_t_p_values_worked_by_hand():
+    # df = 1 (Cauchy): P(|T| >= 1) = 1/2; df = 2: P(|T| >= t) = 1 - t / sqrt(2 + t^2)
+    assert S.t_two_sided_p(1.0, 1) == pytest.approx(0.5, abs=1e-12)
+    assert S.t_two_sided_p(-1.0, 1) == pytest.approx(0.5, abs=1e-12)
+    assert S.t_two_sided_p(2.0, 2) == pytest.approx(1 - 2 / math.sqrt(6), abs=1e-12)
+    # the 97.5% quantile is where the two-sided p is 0.05
+    assert S.t_two_sided_p(S.t_quantile(0.975, 7), 7) == pytest.approx(0.05, abs=1e-9)
+    # differences 1, 2, 0 over 3 seeds: t = 1 / (1 / sqrt 3) = sqrt 3 on 2 df
+    diff = S.paired_difference({1: 10.0, 2: 12.0, 3: 11.0}, {1: 9.0, 2: 10.0, 3: 11.0})
+    assert diff["p"] == pytest.approx(1 - math.sqrt(3) / math.sqrt(5), abs=1e-12)
+    assert S.paired_difference({1: 2.0, 2: 2.0}, {1: 1.0, 2: 1.0})["p"] == 0.0  # a constant non-zero difference
+    assert S.paired_difference({1: 2.0}, {1: 1.0})["p"] is None
+
+
+def test_holm_on_a_worked_example():
+    # p = 0.01, 0.04, 0.03, 0.005 (m = 4). Sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06;
+    # 0.04 x 1 = 0.04, raised to 0.06 by the step-down (an adjusted p never falls below an earlier one).
+    adjusted = S.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
+    assert adjusted == pytest.approx({"d": 0.02, "a": 0.03, "c": 0.06, "b": 0.06})
+    assert S.holm({"x": 0.7, "y": 0.6}) == pytest.approx({"y": 1.0, "x": 1.0})  # capped at 1
+    assert S.holm({}) == {}
+
+
+def test_plateau_on_a_hand_worked_curve():
+    # 10 validation points every 100 updates; the last 20% are updates 800 -> 1000: loss 2.10 -> 2.05, a drop
+    # of 0.05 = 2.44% of 2.05: not met at 2%, met at 3%
+    curve = [(100 * k, v) for k, v in enumerate([9.0, 5.0, 3.5, 2.8, 2.5, 2.3, 2.2, 2.15, 2.10, 2.07, 2.05])]
+    result = S.plateau(curve, share=0.2, max_drop=0.02)
+    assert (result["from_update"], result["to_update"]) == (800, 1000)
+    assert result["drop"] == pytest.approx(0.05) and result["relative_drop"] == pytest.approx(0.05 / 2.05)
+    assert result["met"] is False and S.plateau(curve, 0.2, 0.03)["met"] is True
+    # a curve that rises at the end (overfitting) is past its steepest learning: a negative drop
+    assert S.plateau([(0, 3.0), (80, 2.0), (100, 2.2)], 0.2, 0.02)["met"] is True
+    # the cut falls between points: the last point at or before 0.8 x 90 = 72 (update 60)
+    assert S.plateau([(30, 4.0), (60, 3.0), (90, 2.97)], 0.2, 0.02)["from_update"] == 60
+    assert S.plateau([(100, 2.0)], 0.2, 0.02) is None
+
+
+def test_lowercased_sentence_statistics_are_sacrebleus():
+    import sacrebleu
+
+    hyps = ["the cat sat on the mat .", "a dog runs", "hello world , again"]
+    refs = ["The cat is on the mat.", "The Dog runs fast", "Hello world again"]
+    sums = [sum(col) for col in zip(*S.bleu_statistics(hyps, refs, lowercase=True))]
+    assert S.bleu_from_statistics(sums) == pytest.approx(
+        sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score, abs=1e-9)
+    assert S.sacrebleu_metric().corpus_score(hyps, [refs]).score == pytest.approx(S.bleu_from_statistics(sums))
+
+
+def test_seed_averaged_bootstrap_on_a_two_sentence_set():
+    # per pair, B beats A on sentence 0 by 1 and ties on sentence 1: a resample of 2 sentences has delta 0, 0.5 or 1
+    # with probabilities 1/4, 1/2, 1/4 (2.5 / 97.5 percentiles 0 and 1); two identical pairs average to the same; a
+    # third pair with B = A everywhere shrinks every delta by a third.
     a, b = [[0.0, 1.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 1.0]]
-    result = S.paired_bootstrap(a, b, score=mean_of_first, resamples=1000, seed=7)
-    assert result["delta"] == pytest.approx(0.5)
-    assert result["p"] == pytest.approx(0.25, abs=0.05)
-    assert result["ci"] == [0.0, 1.0]
-    assert S.paired_bootstrap(a, b, score=mean_of_first, resamples=1000, seed=7) == result  # seeded
+    result = S.seed_averaged_bootstrap([(a, b), (a, b)], score=mean_of_first, resamples=1000, seed=7)
+    assert result["delta"] == pytest.approx(0.5) and result["ci"] == [0.0, 1.0] and result["pairs"] == 2
+    third = S.seed_averaged_bootstrap([(a, b), (a, b), (a, a)], score=mean_of_first, resamples=1000, seed=7)
+    assert third["delta"] == pytest.approx(1 / 3) and third["ci"] == pytest.approx([0.0, 2 / 3])
+    with pytest.raises(ValueError):
+        S.seed_averaged_bootstrap([(a, b[:1])], score=mean_of_first)
 
 
-def test_bootstrap_extremes():
-    hyps = ["a b c d", "e f g h", "i j k l"]
-    perfect = S.bleu_statistics(hyps, hyps)
-    wrong = S.bleu_statistics(["x y z w"] * 3, hyps)
-    same = S.paired_bootstrap(perfect, perfect, resamples=200, seed=1)
-    assert same["delta"] == 0 and same["p"] == 1.0 and same["ci"] == [0.0, 0.0]
-    better = S.paired_bootstrap(wrong, perfect, resamples=200, seed=1)
-    assert better["delta"] == pytest.approx(100.0) and better["p"] == 0.0  # B wins every resample
-    worse = S.paired_bootstrap(perfect, wrong, resamples=200, seed=1)
-    assert worse["delta"] == pytest.approx(-100.0) and worse["p"] == 0.0
+def _bleu(hyps, refs):
+    return S.sacrebleu_metric().corpus_score(hyps, [refs]).score
+
+
+def test_sacrebleus_approximate_randomisation_against_exhaustive_enumeration():
+    """Five sentences: every one of the 2^5 swaps of the two systems' sentences enumerated; the exact p of
+    approximate randomisation (as sacreBLEU counts it, strictly greater absolute differences) is the share of
+    swaps whose |BLEU difference| exceeds the observed one. sacreBLEU's 10,000 random swaps must be close."""
+    import itertools
+
+    refs = ["a man rides a red bike down the street .", "two dogs play in the snow .", "a woman reads a book .",
+            "children are playing soccer in a park .", "a chef cooks food in a kitchen ."]
+    base = ["a man rides a bike on the street .", "two dog play in snow .", "a woman is reading .",
+            "kids play football in a park .", "a cook makes food in the kitchen ."]
+    system = ["a man rides a red bike down the road .", "two dogs play in the snow .", "a woman reads a book .",
+              "children play soccer in a park .", "a chef cooks in a kitchen ."]
+    observed = abs(_bleu(system, refs) - _bleu(base, refs))
+    greater = 0
+    for swap in itertools.product((False, True), repeat=5):
+        x = [s if w else b for b, s, w in zip(base, system, swap)]
+        y = [b if w else s for b, s, w in zip(base, system, swap)]
+        greater += abs(_bleu(x, refs) - _bleu(y, refs)) > observed + 1e-9
+    exact = greater / 32
+    tests = S.sacrebleu_paired_tests(base, {"sys": system}, refs, bootstrap_resamples=1000, ar_trials=10000)
+    got = tests["systems"]["sys"]
+    assert got["delta"] == pytest.approx(_bleu(system, refs) - _bleu(base, refs))
+    assert got["ar_p"] == pytest.approx(exact, abs=0.02)
+    assert 0 < got["bs_p"] <= 1
+    assert "case:lc" in tests["signatures"]["ar"] and "ar:10000" in tests["signatures"]["ar"]
+    assert "bs:1000" in tests["signatures"]["bs"]
+    # two-sided: the same p with the systems' roles swapped
+    swapped = S.sacrebleu_paired_tests(system, {"sys": base}, refs, bootstrap_resamples=1000, ar_trials=10000)
+    assert swapped["systems"]["sys"]["ar_p"] == pytest.approx(got["ar_p"], abs=0.02)
+    assert swapped["systems"]["sys"]["delta"] == pytest.approx(-got["delta"])
 
 
 def test_the_table_and_its_plan():
     runs = P.plan("cpu")
-    for dataset in P.DATASETS:
-        for row, seeds in P.STUDY.items():
-            got = sorted(r.seed for r in runs if r.dataset == dataset and r.row == row)
-            assert got == list(range(1, seeds["cpu"] + 1))
-    assert runs[: len(P.DATASETS) * len(P.STUDY)] == [P.Run(d, r, 1) for d in P.DATASETS for r in P.STUDY]
+    assert len(set(runs)) == len(runs)
+    seeds = {}
+    for r in runs:
+        seeds.setdefault((r.dataset, r.system), []).append(r.seed)
+    # the headline: 8 seeds of the Transformer and BET(SF) on Multi30k, paired (the same seeds)
+    assert seeds[("multi30k", "vanilla")] == seeds[("multi30k", "bet_sf")] == list(range(1, 9))
+    for (dataset, system), got in seeds.items():
+        assert got == list(range(1, len(got) + 1))
+        if not system.startswith("bet_sg+"):  # the lambda_p sweep's points only choose a setting
+            assert len(got) >= 3, (dataset, system)
+    # the headline part runs first, seed by seed, the pair of each seed together
+    head = P.plan("cpu", parts=["headline"])
+    assert head == [P.Run("multi30k", row, s) for s in range(1, 9) for row in ("vanilla", "bet_sf")]
+    assert runs[:16] == head
+    # every part fits 3-4 hours on 2 cores (data preparation apart), after the parts before it
+    counted = []
+    for part in P.PARTS:
+        mine = [r for r in P.plan("cpu", parts=[part]) if r not in counted]
+        counted += mine
+        assert P.expected_seconds("cpu", mine, jobs=2, prepare=False) <= 4.3 * 3600, part
+    assert sorted(counted, key=runs.index) == runs
+    # the sweeps: Figure 3's scales (1 = the Transformer) and the lambda_p x heads grid (the default = the row)
+    assert {r.setting for r in runs if r.row == "diag_scale"} == {"x0", "x0.2", "x0.5", "x2"}
+    grid = {(r.flags.get("--pointer-lambda"), r.flags.get("--pointer-heads")) for r in runs if r.row == "bet_sg"}
+    assert len(grid) == 6 and (None, None) in grid  # five settings and the row itself
     assert P.plan("smoke", rows=["bet_sf"], datasets=["wikitext2"], max_seeds=1) == [P.Run("wikitext2", "bet_sf", 1)]
-    # the cpu scale's budget on 2 cores: about 3 hours of runs; data preparation (~27 min) is done once
-    assert P.expected_seconds("cpu", runs, jobs=2, prepare=False) < 3.2 * 3600
+    assert P.plan("smoke", rows=["hopfield"], datasets=["multi30k"]) == [P.Run("multi30k", "hopfield", s) for s in (1, 2)]
+
+
+def test_a_runs_flags_are_the_setting_on_the_row():
+    from bet_fairseq.tools.study import runs as U
+
+    train, _ = U.commands(P.Run("multi30k", "diag_scale", 1, "x0.5"), "cpu", "BIN", "SAVE")
+    assert train[train.index("--arch") + 1] == "diag_scale_iwslt" and train[train.index("--diag-scale") + 1] == "0.5"
+    train, _ = U.commands(P.Run("wikitext2", "bet_sg", 2), "cpu", "BIN", "SAVE")
+    assert train[train.index("--criterion") + 1] == "adaptive_loss_with_pointer" and "--label-smoothing" not in train
+    assert train[train.index("--best-checkpoint-metric") + 1] == "nll_loss" and "--adam-eps" in train
+    train, _ = U.commands(P.Run("multi30k", "bet_sg", 1, "lambda0.05-first"), "cpu", "BIN", "SAVE")
+    assert train[train.index("--pointer-lambda") + 1] == "0.05" and train[train.index("--pointer-heads") + 1] == "first"
+    assert train[train.index("--best-checkpoint-metric") + 1] == "nll_loss"
+    assert "--maximize-best-checkpoint-metric" not in train
 
 
 @pytest.mark.parametrize("argv, flag", [
     (["--scale", "huge"], "--scale"), (["--jobs", "0"], "--jobs"), (["--only", "bet_xx"], "--only"),
-    (["--dataset", "wmt"], "--dataset"), (["--max-seeds", "0"], "--max-seeds"),
+    (["--dataset", "wmt"], "--dataset"), (["--max-seeds", "0"], "--max-seeds"), (["--part", "all"], "--part"),
     (["--in-process", "--jobs", "2"], "--in-process"), (["--run"], "--run"),
 ])
 def test_bad_options_name_the_flag(argv, flag, capsys):

@@ -64,3 +64,34 @@ def ca_ha_bars(series: List[Tuple[str, List[dict]]], path: str, title: str = "")
         save_png(fig, path, dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)
+
+
+def heatmap_grid(grid: List[List[Tuple[str, object]]], tokens: Sequence[str], path: str, title: str = ""):
+    """Several ``(T, T)`` attention matrices of one sentence side by side: ``grid`` is rows of ``(title, matrix)``
+    panels (e.g. one row per decoder layer, one column per model or pass), on one colour scale per panel."""
+    plt = pyplot()
+    rows, cols = len(grid), max(len(r) for r in grid)
+    n = len(tokens)
+    side = max(2.6, min(0.22 * n + 1.2, 6.0))
+    fig, axes = plt.subplots(rows, cols, figsize=(side * cols + 0.6, side * rows + 0.6), squeeze=False)
+    try:
+        for i, row in enumerate(grid):
+            for j in range(cols):
+                ax = axes[i][j]
+                if j >= len(row):
+                    ax.axis("off")
+                    continue
+                name, matrix = row[j]
+                m = matrix.detach().cpu().float().numpy() if hasattr(matrix, "detach") else matrix
+                ax.imshow(m, cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal")
+                ax.set_xticks(range(n))
+                ax.set_yticks(range(n))
+                ax.set_xticklabels(tokens if i == rows - 1 else [], rotation=90, fontsize=6)
+                ax.set_yticklabels(tokens if j == 0 else [], fontsize=6)
+                ax.set_title(name, fontsize=8)
+        if title:
+            fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+        save_png(fig, path, dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)

@@ -13,11 +13,14 @@ import re
 _JSON = re.compile(r"\|\s*(train_inner|valid)\s*\|\s*(\{.*\})\s*$")
 _SIMPLE_TRAIN = re.compile(r"\|\s*train_inner\s*\|.*?\bloss=([\d.]+).*?\bnum_updates=(\d+)")
 _SIMPLE_VALID = re.compile(r"\|\s*valid\s*\|.*?\|\s*loss ([\d.]+)\s*\|.*?\|\s*num_updates (\d+)")
+_SIMPLE_NLL = re.compile(r"\bnll_loss[= ]([\d.]+)")
 
 
 def parse_log(path):
-    """{"train": [(update, loss)], "valid": [(update, loss)]} of one fairseq-train log (loss in base 2)."""
-    curves = {"train": [], "valid": []}
+    """{"train": [(update, loss)], "valid": [(update, loss)], "train_nll": ..., "valid_nll": ...} of one
+    fairseq-train log (base 2). ``*_nll``: the token loss (``nll_loss`` where the criterion logs it, as label
+    smoothing and BET(SG)'s pointer loss do; else ``loss``, which is then the token loss)."""
+    curves = {"train": [], "valid": [], "train_nll": [], "valid_nll": []}
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             m = _JSON.search(line)
@@ -27,17 +30,21 @@ def parse_log(path):
                 except json.JSONDecodeError:
                     continue
                 if m.group(1) == "train_inner" and "loss" in stats and "num_updates" in stats:
-                    curves["train"].append((int(stats["num_updates"]), float(stats["loss"])))
+                    update = int(stats["num_updates"])
+                    curves["train"].append((update, float(stats["loss"])))
+                    curves["train_nll"].append((update, float(stats.get("nll_loss", stats["loss"]))))
                 elif m.group(1) == "valid" and "valid_loss" in stats and "valid_num_updates" in stats:
-                    curves["valid"].append((int(stats["valid_num_updates"]), float(stats["valid_loss"])))
+                    update = int(stats["valid_num_updates"])
+                    curves["valid"].append((update, float(stats["valid_loss"])))
+                    curves["valid_nll"].append((update, float(stats.get("valid_nll_loss", stats["valid_loss"]))))
                 continue
-            m = _SIMPLE_TRAIN.search(line)
-            if m:
-                curves["train"].append((int(m.group(2)), float(m.group(1))))
-                continue
-            m = _SIMPLE_VALID.search(line)
-            if m:
-                curves["valid"].append((int(m.group(2)), float(m.group(1))))
+            for split, pattern in (("train", _SIMPLE_TRAIN), ("valid", _SIMPLE_VALID)):
+                m = pattern.search(line)
+                if m:
+                    nll = _SIMPLE_NLL.search(line)
+                    curves[split].append((int(m.group(2)), float(m.group(1))))
+                    curves[f"{split}_nll"].append((int(m.group(2)), float(nll.group(1) if nll else m.group(1))))
+                    break
     return curves
 
 

@@ -1,8 +1,10 @@
 """``bet-reproduce``: the seeded, resumable reproduction study (Transformer, + DiagFreeMask, BET(SF),
-BET(SG) on Multi30k De-En and WikiText-2, several seeds each) and its report.
+BET(SG) on Multi30k De-En and WikiText-2, several seeds each, Figure 3's diagonal sweep and BET(SG)'s
+lambda_p sweep) and its report.
 
-    bet-reproduce --scale smoke --data-dir DATA          # seconds to minutes: the machinery, not results
-    bet-reproduce --data-dir DATA --jobs 2               # the cpu scale (default): ~3 hours on 2 cores
+    bet-reproduce --scale smoke --data-dir DATA          # minutes: the machinery, not results
+    bet-reproduce --data-dir DATA --part headline        # the cpu scale (default), one part: ~3 hours on 2 cores
+    bet-reproduce --data-dir DATA                        # every part, one after the other
     bet-reproduce --scale paper                          # prints the plan and its GPU-hours; --run runs it
     bet-reproduce --dry-run                              # the plan, the expected time and the commands
 
@@ -45,7 +47,9 @@ def build_parser():
                                       "releases into the work folder)")
     p.add_argument("--jobs", type=int, help="runs at a time, one CPU thread each (default: 2 at the cpu scale "
                                             "on a machine with 2 or more cores, else 1)")
-    p.add_argument("--only", type=_csv, help="only these rows, comma-separated: " + ", ".join(P.STUDY))
+    p.add_argument("--part", type=_csv, help="only these parts, comma-separated (default: all, in this order): "
+                                             + ", ".join(P.PARTS))
+    p.add_argument("--only", type=_csv, help="only these rows, comma-separated: " + ", ".join(P.MAIN_ROWS))
     p.add_argument("--dataset", type=_csv, help="only these datasets, comma-separated: " + ", ".join(P.DATASETS))
     p.add_argument("--max-seeds", type=int, help="at most this many seeds per row")
     p.add_argument("--dry-run", action="store_true", help="print the plan, its expected time and the commands")
@@ -79,13 +83,23 @@ def describe(args, runs, work):
     sc = P.SCALE_TABLE[args.scale]
     done = [r for r in runs if U.done(work, r)]
     left = [r for r in runs if not U.done(work, r)]
-    datasets = sorted({r.dataset for r in runs}, key=list(catalog.DATASETS).index)
     print(f"bet-reproduce --scale {args.scale}: {sc.description}")
-    for d in datasets:
-        per_row = ", ".join(f"{row} x{sum(1 for r in runs if r.dataset == d and r.row == row)}" for row in P.ALL_ROWS
-                            if any(r.dataset == d and r.row == row for r in runs))
-        print(f"  {catalog.dataset(d).label}: {per_row}; ~{sc.seconds_per_run[catalog.dataset(d).kind] / 60:.0f} min a run"
-              f" ({'one GPU' if sc.device == 'gpu' else 'one CPU thread'})")
+    counted = []
+    for part in args.part or P.PARTS:
+        mine = [r for r in P.plan(args.scale, max_seeds=args.max_seeds, parts=[part]) if r in runs and r not in counted]
+        counted += mine
+        if not mine:
+            continue
+        systems = {}
+        for r in mine:
+            systems[f"{r.dataset}/{r.system}"] = systems.get(f"{r.dataset}/{r.system}", 0) + 1
+        hours = P.expected_seconds(args.scale, mine, args.jobs, prepare=False) / 3600
+        print(f"  part {part}: {len(mine)} runs, ~{hours:.1f} {'GPU-' if sc.device == 'gpu' else ''}hours with "
+              f"--jobs {args.jobs} (after the parts above it; data preparation apart): "
+              + ", ".join(f"{k} x{n}" for k, n in systems.items()))
+    others = [r for r in runs if r not in counted]
+    if others:
+        print(f"  rows outside the parts: " + ", ".join(r.name for r in others))
     total = P.expected_seconds(args.scale, runs, args.jobs)
     rest = P.expected_seconds(args.scale, left, args.jobs, prepare=bool(left))
     unit = "GPU-hours" if sc.device == "gpu" else "hours"
@@ -107,7 +121,7 @@ def _prepare_data(args, runs, work):
             record = json.load(f)
     bins = {}
     for d in sorted({r.dataset for r in runs}, key=list(catalog.DATASETS).index):
-        hints = any(r.row == "bet_sg" for r in runs if r.dataset == d)
+        hints = any(catalog.row(r.row).needs_syntax_hints for r in runs if r.dataset == d)
         start = time.time()
         print(f"[data] {catalog.dataset(d).label}: preparing in {work}", flush=True)
         bins[d] = data.prepare(d, work, args.data_dir, sc.data[catalog.dataset(d).kind], hints=hints)
@@ -127,6 +141,10 @@ def execute(args, runs, work, bins):
     sc = P.SCALE_TABLE[args.scale]
     if args.jobs > 1 or not args.in_process:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+    elif sc.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(1)  # one thread a run, as in a subprocess (threads spin-wait on a busy machine)
     total, lock = len(runs), threading.Lock()
     left = list(runs)
     state = {"k": 0, "measured": 0.0, "estimated": 0.0}
@@ -198,7 +216,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         check_options(args)
-        runs = P.plan(args.scale, args.only, args.dataset, args.max_seeds)
+        runs = P.plan(args.scale, args.only, args.dataset, args.max_seeds, args.part)
     except ValueError as exc:
         parser.error(str(exc))
     work = os.path.abspath(args.work_dir or os.path.join("work-dirs", "reproduce", args.scale))
@@ -207,7 +225,7 @@ def main(argv=None):
     if args.dry_run or (args.scale == "paper" and not args.run and not args.report_only):
         from . import runs as U
 
-        for run in runs[:len(P.DATASETS) * len(P.STUDY)]:
+        for run in runs[:len(P.DATASETS) * len(P.MAIN_ROWS)]:
             train, ev = U.commands(run, args.scale, f"<{run.dataset} data-bin>", U.run_dir(work, run),
                                    cpu=P.SCALE_TABLE[args.scale].device == "cpu")
             print(f"# {run.name}\n{shlex.join(train)}\n{shlex.join(ev)}")
@@ -239,11 +257,13 @@ def main(argv=None):
         print("\nbet-reproduce: interrupted. Finished runs are kept and an unfinished one resumes from its "
               "checkpoint_last.pt: run the same command again.", file=sys.stderr, flush=True)
         return 130
-    records = [rec for rec in (U.load(work, r) for r in runs) if rec is not None]
-    missing = [r.name for r in runs if not U.done(work, r)]
+    # the report covers the whole study of the scale, whichever part this invocation ran
+    everything = P.plan(args.scale)
+    records = [rec for rec in (U.load(work, r) for r in everything) if rec is not None]
+    missing = {part: [r.name for r in P.plan(args.scale, parts=[part]) if not U.done(work, r)] for part in P.PARTS}
     path = report.write(out, args.scale, records, work, command, prepare_s, time.time() - started, missing,
                         plots=not args.no_plots)
-    print(f"report: {path} ({len(records)} of {len(runs)} runs)", flush=True)
+    print(f"report: {path} ({len(records)} of {len(everything)} runs of the study)", flush=True)
     if failures:
         print("bet-reproduce: failed runs:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1

@@ -44,12 +44,32 @@ def prepare_multi30k(work, data_dir, sizes, hints=True):
             raise DataError(f"--data-dir {data_dir} has no multi30k/ folder")
     bpe, bin_dir = prepare_multi30k.prepare(out, raw, sizes["max_train"], sizes["max_eval"], sizes["bpe_merges"])
     steps = common.Steps(out)
+    # the raw (cased, untokenised) test references, for sacreBLEU against the release's own files
+    source = prepare_multi30k.find_raw(raw or os.path.join(out, "raw"), prepare_multi30k.SPLITS["test"], "en")
+    steps.run("raw-references", [source], [raw_references(work)],
+              lambda: _copy_lines(source, raw_references(work), sizes["max_eval"]), {"lines": sizes["max_eval"]})
     if hints:
         texts = [os.path.join(bpe, f"{s}.en") for s in ("train", "valid")]
         outputs = [os.path.join(bin_dir, f"{s}.hints.en.bin") for s in ("train", "valid")]
         steps.run("syntax-hints", texts, outputs, lambda: _hints(bin_dir, os.path.join(bpe, "train"),
                                                                  os.path.join(bpe, "valid"), "en"))
     return bin_dir
+
+
+def raw_references(work):
+    """The raw Multi30k test references of a study (``test_2016_flickr.en``, capped like the test split)."""
+    return os.path.join(work, "multi30k", "reference", "test_2016_flickr.en")
+
+
+def _copy_lines(src, dst, n):
+    from bet_fairseq.preprocess import common
+
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with atomic_write(dst) as g:
+        for i, line in enumerate(common.read_lines(src, require_final_newline=False, quiet=True)):
+            if n and i >= n:
+                break
+            g.write(line + "\n")
 
 
 def prepare_wikitext2(work, data_dir, sizes, hints=True):

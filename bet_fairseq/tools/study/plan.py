@@ -1,14 +1,16 @@
-"""The study in one table: which rows, on which datasets, with how many seeds, at which scale.
+"""The study in one table: which systems (a row of the catalog and a setting), on which datasets, with how many
+seeds, in which part, at which scale.
 
-A run is one (dataset, row, seed). Its fairseq-train flags are the dataset's recipe (``bet_fairseq/recipes.py``
-over its catalog entry: IWSLT14's for Multi30k, WikiText-2's for WikiText-2), then the scale's overrides for
-its kind (model size, updates, schedule), then the row's own flags (``bet_fairseq/catalog.py``: BET(SG)'s task
-and pointer loss), then the seed. The study's datasets are the catalog's with ``study=True`` (any catalog
-dataset with ``--dataset``). Pure Python: imports neither fairseq nor torch.
+A run is one (dataset, row, seed, setting). Its fairseq-train flags are the dataset's recipe
+(``bet_fairseq/recipes.py`` over its catalog entry: IWSLT14's for Multi30k, WikiText-2's for WikiText-2), then
+the scale's overrides for its kind (model size, updates, schedule), then the row's own flags
+(``bet_fairseq/catalog.py``: BET(SG)'s task and pointer loss), then the setting's (a sweep point, a control:
+``SETTINGS``), then the seed. The study's datasets are the catalog's with ``study=True``. Pure Python: imports
+neither fairseq nor torch.
 
-The seconds per run are measured estimates (process CPU time of fairseq-train with one thread,
-which a busy machine does not inflate as it does wall time; see docs/reproduce.md for how), used
-to print the expected total before a study starts and the time left while it runs.
+The seconds per run are estimates from the per-update CPU time of fairseq-train with one thread (wall time on a
+shared machine is no measure; docs/reproduce.md says how and under what load), used to print the expected time
+of each part before it starts and the time left while it runs.
 """
 
 from dataclasses import dataclass, field
@@ -19,22 +21,114 @@ from bet_fairseq.recipes import Flags, lm_sizes, merge, mt_sizes
 
 SCALES = ("smoke", "cpu", "paper")
 
-DATASETS: Dict[str, catalog.Dataset] = {k: d for k, d in catalog.DATASETS.items() if d.study}
+# the study's datasets, the headline's first (the report's order)
+DATASETS: Dict[str, catalog.Dataset] = {k: catalog.DATASETS[k] for k in
+                                        sorted((k for k, d in catalog.DATASETS.items() if d.study),
+                                               key=lambda k: catalog.DATASETS[k].kind != "mt")}
 
-# ----------------------------------------------------------------------------- THE TABLE
-# row (a key of bet_fairseq/catalog.py) -> seeds at each scale (seeds 1..N; paired by seed). At the
-# cpu scale 5 seeds of the Transformer and BET(SF) did not fit 3 hours with models past their steepest
-# learning; 3 seeds each did.
-STUDY: Dict[str, Dict[str, int]] = {
-    "vanilla": {"smoke": 2, "cpu": 3, "paper": 5},
-    "diagfree": {"smoke": 2, "cpu": 3, "paper": 3},
-    "bet_sf": {"smoke": 2, "cpu": 3, "paper": 5},
-    "bet_sg": {"smoke": 2, "cpu": 3, "paper": 3},
-}
-OTHER_ROW_SEEDS = {"smoke": 2, "cpu": 3, "paper": 3}  # any other catalog row, when --only names it
-ALL_ROWS = list(STUDY) + [k for k in catalog.ROWS if k not in STUDY]  # the order of the report's rows
 BASELINE = "vanilla"
-ANALYSED = ("vanilla", "bet_sf")  # Table 1 (CA, HA, Ratio) on their first seed's checkpoint
+ANALYSED = ("vanilla", "bet_sf")  # Table 1 and the heatmap, on their first seed's checkpoint
+HEADLINE = "bet_sf"  # the contrast the study exists for: BET(SF) against the Transformer, paired by seed
+
+
+# ----------------------------------------------------------------------------- settings beyond a row's flags
+# A setting is a named set of extra fairseq-train flags on top of a row (a point of a sweep, a control). The
+# empty name is the row as the catalog has it.
+
+def _number(value) -> str:
+    return f"{value:g}"
+
+
+def pointer_setting(pointer_lambda: float, heads: str) -> str:
+    """The setting name of a BET(SG) pointer-loss point; the catalog's default is the row itself ("")."""
+    if (pointer_lambda, heads) == (catalog.POINTER_DEFAULT["pointer_lambda"], catalog.POINTER_DEFAULT["pointer_heads"]):
+        return ""
+    return f"lambda{_number(pointer_lambda)}-{heads}"
+
+
+POINTER_LAMBDAS = (0.002, 0.01, 0.05)
+POINTER_HEADS = ("mean", "first")
+DIAG_SCALES = (0.0, 0.2, 0.5, 1.0, 2.0)  # Figure 3; 1.0 is the Transformer itself (its runs are the point)
+
+SETTINGS: Dict[str, Flags] = {
+    # The language-model control: the Transformer trained on sentences as BET(SG)'s task trains (one line per
+    # sample), evaluated on 512-token blocks like every row: BET(SG) minus it compares like with like.
+    "sentences": {"--sample-break-mode": "eos", "--skip-invalid-size-inputs-valid-test": True},
+    **{pointer_setting(lam, heads): {"--pointer-lambda": lam, "--pointer-heads": heads}
+       for lam in POINTER_LAMBDAS for heads in POINTER_HEADS if pointer_setting(lam, heads)},
+    **{f"x{_number(c)}": {"--diag-scale": c} for c in DIAG_SCALES if c != 1.0},
+}
+# system -> the system it is also compared with, like for like (BET(SG)'s language model trains on sentences
+# as the control does; both are evaluated on 512-token blocks)
+CONTROLS = {"bet_sg": "vanilla+sentences"}
+# how a setting changes its row's label ({row}: the row's own label)
+SETTING_LABELS = {"sentences": "{row} trained on sentences (control)",
+                  **{f"x{_number(c)}": f"Transformer (diagonal x {_number(c)})" for c in DIAG_SCALES},
+                  **{pointer_setting(lam, heads): f"{{row}} (lambda_p {_number(lam)}, {heads})"
+                     for lam in POINTER_LAMBDAS for heads in POINTER_HEADS}}
+
+
+def diag_point(scale: float) -> Tuple[str, str]:
+    """(row, setting) of Figure 3's point at diagonal scale ``scale``."""
+    return (BASELINE, "") if scale == 1.0 else ("diag_scale", f"x{_number(scale)}")
+
+
+def pointer_point(pointer_lambda: float, heads: str) -> Tuple[str, str]:
+    return "bet_sg", pointer_setting(pointer_lambda, heads)
+
+
+# ----------------------------------------------------------------------------- THE TABLE: parts and arms
+# An arm is one system (dataset, row, setting) trained with seeds 1..N; N comes from its role at each scale
+# (SEEDS). A part is a list of arms that fits about 3-4 hours on 2 cores at the cpu scale (--jobs 2); parts run
+# separately (--part), in any order, and share finished runs (an arm in two parts is trained once).
+
+
+@dataclass(frozen=True)
+class Arm:
+    dataset: str
+    row: str
+    setting: str = ""
+    role: str = "row"
+
+
+SEEDS: Dict[str, Dict[str, int]] = {
+    # headline: BET(SF) and the Transformer on Multi30k (a paired-difference SD of 0.3-0.5 BLEU needs ~8 seeds to
+    # resolve +-0.4); row: the other rows; point: Figure 3's points; sweep: the points of BET(SG)'s lambda_p sweep,
+    # which only choose a setting on validation nll
+    "smoke": {"headline": 2, "row": 2, "point": 1, "sweep": 1},
+    "cpu": {"headline": 8, "row": 3, "point": 3, "sweep": 2},
+    "paper": {"headline": 8, "row": 3, "point": 3, "sweep": 2},
+}
+
+PARTS: Dict[str, List[Arm]] = {
+    "headline": [Arm("multi30k", BASELINE, role="headline"), Arm("multi30k", HEADLINE, role="headline")],
+    # BET(SG)'s lambda_p x --pointer-heads sweep (chosen on validation nll); its default point is the row itself
+    "pointer": [Arm("multi30k", *pointer_point(lam, heads), role="sweep")
+                for lam in POINTER_LAMBDAS for heads in POINTER_HEADS],
+    "rows": [Arm("multi30k", "diagfree"), Arm("multi30k", "bet_sg")],
+    "diag": [Arm("multi30k", *diag_point(c), role="point") for c in DIAG_SCALES if c != 1.0],  # Figure 3
+    "lm": [Arm("wikitext2", r) for r in (BASELINE, "diagfree", "bet_sf", "bet_sg")]
+          + [Arm("wikitext2", BASELINE, "sentences")],
+}
+MAIN_ROWS = (BASELINE, "diagfree", "bet_sf", "bet_sg")  # the report's order: these, then the others
+# a study dataset of the catalog that no part names gets a part of its own: the main rows it covers
+PARTS.update({key: [Arm(key, r) for r in MAIN_ROWS if ds.kind in catalog.row(r).kinds]
+              for key, ds in DATASETS.items() if not any(a.dataset == key for arms in PARTS.values() for a in arms)})
+ALL_ROWS = list(MAIN_ROWS) + [k for k in catalog.ROWS if k not in MAIN_ROWS]
+
+
+def arm_seeds(arm: Arm, scale: str) -> int:
+    return SEEDS[scale][arm.role]
+
+
+
+
+# The plateau criterion: a run is past its steepest learning when the last ``share`` of its updates lower its
+# validation token loss (nll, bits) by less than ``max_drop`` of its final value (stats.plateau). Every run of the
+# cpu scale is meant to meet it; the report prints it per run.
+PLATEAU = {"share": 0.2, "max_drop": 0.02}
+PLATEAU_TEXT = (f"the last {PLATEAU['share']:.0%} of the updates lower the validation token loss (nll) by less than "
+                f"{PLATEAU['max_drop']:.0%} of its final value")
 
 
 @dataclass(frozen=True)
@@ -49,8 +143,16 @@ class Scale:
     device: str = "cpu"
     analysis_batches: int = 100  # Table 1: at most this many validation batches
     bootstrap_resamples: int = 1000
+    ar_trials: int = 10000  # sacreBLEU's approximate randomisation
     notes: Tuple[str, ...] = field(default_factory=tuple)
+    departures: Tuple[str, ...] = field(default_factory=tuple)  # from the paper's settings, for the report
 
+
+# every row selects checkpoint_best on the token loss (BET(SG)'s training loss includes lambda_p * L_p)
+_NLL_BEST: Flags = {"--best-checkpoint-metric": "nll_loss", "--maximize-best-checkpoint-metric": None}
+# fairseq's adaptive softmax (the criterion follows: recipes.for_softmax); fairseq's adaptive_loss refuses the
+# default pytorch_ddp backend even on one process; Adam eps 1e-8 (the authors' 1e-3 brakes a short run)
+_ADAPTIVE_LM: Flags = {"--adaptive-softmax-cutoff": "2000,10000", "--ddp-backend": "legacy_ddp", "--adam-eps": 1e-8}
 
 _CPU_COMMON: Flags = {"--cpu": True, "--num-workers": 0, "--log-format": "json", "--no-progress-bar": True,
                       "--max-epoch": None, "--keep-interval-updates": 1,
@@ -61,46 +163,66 @@ SCALE_TABLE: Dict[str, Scale] = {
         "smoke", "a test of the machinery: a few hundred sentences, a tiny model, a few updates (not results)",
         data={"mt": {"max_train": 300, "max_eval": 20, "bpe_merges": 300},
               "lm": {"max_train": 300, "max_eval": 30, "bpe_merges": 0}},
-        train={"mt": merge(mt_sizes(2, 32, 64, 4), recipes.NO_VALID_BLEU, _CPU_COMMON, {
-                   "--max-tokens": 1024, "--lr": 2e-3, "--warmup-updates": 4, "--max-update": 6,
-                   "--log-interval": 2, "--validate-interval-updates": 3}),
-               "lm": merge(lm_sizes(2, 32, 64, 4), _CPU_COMMON, {
-                   "--tokens-per-sample": 64, "--batch-size": None, "--max-tokens": 512, "--lr": 2e-3,
-                   "--warmup-updates": 4, "--max-update": 6, "--patience": None,
-                   "--log-interval": 2, "--validate-interval-updates": 3})},
+        train={"mt": merge(mt_sizes(2, 32, 64, 4), recipes.NO_VALID_BLEU, _CPU_COMMON, _NLL_BEST, {
+                   "--max-tokens": 1024, "--lr": 2e-3, "--warmup-updates": 4, "--max-update": 8,
+                   "--log-interval": 2, "--validate-interval-updates": 2}),
+               "lm": merge(lm_sizes(2, 32, 64, 4), _CPU_COMMON, _ADAPTIVE_LM, {
+                   "--adaptive-softmax-cutoff": "500,1500", "--tokens-per-sample": 64, "--batch-size": None, "--max-tokens": 512, "--lr": 2e-3,
+                   "--warmup-updates": 4, "--max-update": 8, "--patience": None,
+                   "--log-interval": 2, "--validate-interval-updates": 2})},
         eval={"mt": {"--cpu": True, "--batch-size": 64, "--max-len-a": 1.2, "--max-len-b": 10,
                            "--num-workers": 0},
               "lm": {"--cpu": True, "--tokens-per-sample": 64, "--context-window": 32, "--batch-size": 16,
                             "--num-workers": 0}},
         seconds_per_run={"mt": 2.0, "lm": 2.0}, seconds_prepare={"mt": 8.0, "lm": 6.0},
-        analysis_batches=4, bootstrap_resamples=1000),
+        analysis_batches=4, bootstrap_resamples=200, ar_trials=500,
+        departures=("everything: a test of the machinery, not a setting",)),
     "cpu": Scale(
-        "cpu", "small models on the full corpora, about 3 hours on 2 CPU cores (--jobs 2)",
+        "cpu", "small models on the full corpora, trained past their steepest learning (the plateau criterion); "
+               "parts of 1-4 hours on 2 CPU cores (--jobs 2)",
         data={"mt": {"max_train": 0, "max_eval": 0, "bpe_merges": 4000},
               "lm": {"max_train": 0, "max_eval": 0, "bpe_merges": 0}},
-        # 3+3 layers of 128 (MT), 3 layers of 128 (LM, post-norm, blocks of 512 as the paper's); timed on
-        # this project's 2-core machine: ~0.7 s (MT, 2048 tokens) and ~1.5 s (LM, 2048 tokens: the 33k-word
-        # output layer) of CPU time an update, so ~750 MT updates (~3.5 epochs of Multi30k) and ~300 LM updates
-        # (~0.3 epoch of WikiText-2); --max-valid-steps keeps the LM's validation points cheap. Measured wall
-        # time a run with --jobs 2 (2026-12-03): Multi30k ~520 s (training ~490, beam-5 test ~25), WikiText-2
-        # ~1,200 s (training ~800, eval-lm with a 256-token context window ~400-480): ~2.9 h for the 24 runs.
-        train={"mt": merge(mt_sizes(3, 128, 512, 4), recipes.NO_VALID_BLEU, _CPU_COMMON, {
+        # MT: 3+3 layers of 128 (IWSLT14's recipe otherwise), 2,000 updates of 2,048 tokens (~7.5 epochs);
+        # LM: 3 layers of 128 on blocks of 512 (the paper's), adaptive softmax, Adam eps 1e-8, 2,000 updates of
+        # 2,048 tokens (~2 epochs). Per-update CPU costs and how they were measured: docs/reproduce.md.
+        train={"mt": merge(mt_sizes(3, 128, 512, 4), recipes.NO_VALID_BLEU, _CPU_COMMON, _NLL_BEST, {
                    "--max-tokens": 2048, "--lr": 2e-3, "--warmup-updates": 300, "--dropout": 0.1,
-                   "--weight-decay": None, "--max-update": 750,
-                   "--log-interval": 25, "--validate-interval-updates": 150, "--save-interval-updates": 150}),
-               "lm": merge(lm_sizes(3, 128, 512, 4), _CPU_COMMON, {
+                   "--weight-decay": None, "--max-update": 2000,
+                   "--log-interval": 50, "--validate-interval-updates": 200, "--save-interval-updates": 200}),
+               "lm": merge(lm_sizes(3, 128, 512, 4), _CPU_COMMON, _ADAPTIVE_LM, {
                    "--tokens-per-sample": 512, "--batch-size": None, "--max-tokens": 2048, "--lr": 2e-3,
-                   "--warmup-updates": 100, "--dropout": 0.1, "--max-update": 300, "--patience": None,
-                   "--max-valid-steps": 25, "--log-interval": 20, "--validate-interval-updates": 75,
-                   "--save-interval-updates": 75})},
+                   "--warmup-updates": 300, "--dropout": 0.1, "--max-update": 2000, "--patience": None,
+                   "--max-valid-steps": 25, "--log-interval": 50, "--validate-interval-updates": 200,
+                   "--save-interval-updates": 200})},
         eval={"mt": {"--cpu": True, "--max-len-a": 1.2, "--max-len-b": 10, "--num-workers": 0},
               "lm": {"--cpu": True, "--tokens-per-sample": 512, "--context-window": 256, "--batch-size": 4,
                             "--num-workers": 0}},
-        seconds_per_run={"mt": 520.0, "lm": 1200.0},
+        # CPU seconds a run: MT 2,000 x ~0.9 s + 10 validations + beam-5 test; LM 2,000 x ~0.85 s + validations +
+        # eval-lm (docs/reproduce.md: per-update CPU time measured on this 2-core machine under load)
+        seconds_per_run={"mt": 1900.0, "lm": 1900.0},
         # measured: Moses + BPE + binarising ~30 s each; bet-syntax-hints (spaCy, one process) 200 s on
         # Multi30k's English side, 1,300 s on WikiText-2's 2M tokens
         seconds_prepare={"mt": 250.0, "lm": 1350.0},
-        analysis_batches=50),
+        analysis_batches=50,
+        departures=(
+            "Multi30k De-En (29k pairs) instead of IWSLT14 De-En: lowercased, Moses, 4,000 joint BPE merges (the "
+            "paper's IWSLT14 vocabulary is ~10k).",
+            "Translation models: 3+3 layers of 128 (FFN 512, 4 heads) instead of transformer_iwslt_de_en's 6+6 of "
+            "512; 2,000 updates of 2,048 tokens (~7.5 epochs) instead of 50 epochs of 4,096; lr 2e-3 with 300 warmup "
+            "updates (inverse square root as the paper's), dropout 0.1 instead of 0.3, no weight decay.",
+            "checkpoint_best.pt by validation token loss (nll) for every translation row instead of validation BLEU "
+            "(no beam search during training); the test scores are of that checkpoint.",
+            "Language models: 3 layers of 128 (FFN 512, 4 heads) instead of 6 of 300; blocks of 512 tokens as the "
+            "paper's, 2,048 tokens an update instead of 64 blocks; 2,000 updates (~2 epochs of WikiText-2); lr 2e-3 "
+            "with 300 warmup updates; Adam eps 1e-8 instead of the authors' 1e-3; validation on its first 25 batches.",
+            "Every WikiText-2 row uses fairseq's adaptive softmax (cutoffs 2,000 and 10,000; adaptive_loss, and "
+            "adaptive_loss_with_pointer for BET(SG)) instead of a full 33k-word softmax; test perplexity is exact "
+            "(the adaptive softmax's full distribution), with a 256-token context window.",
+            "BET(SG) on WikiText-2 trains on sentences (its hints are per line) and is evaluated on 512-token blocks; "
+            "the control row 'Transformer trained on sentences' measures what that alone changes.",
+            "BET(SG)'s lambda_p and --pointer-heads are not in the paper: chosen by this study's sweep on Multi30k "
+            "validation nll (part pointer).",
+        )),
     "paper": Scale(
         "paper", "the paper's settings (bet_fairseq/recipes.py: transformer_iwslt_de_en / WikiText-2 sizes and "
                  "schedules) for GPU machines",
@@ -116,6 +238,8 @@ SCALE_TABLE: Dict[str, Scale] = {
         seconds_per_run={"mt": 0.5 * 3600, "lm": 1.5 * 3600},
         seconds_prepare={"mt": 600.0, "lm": 1200.0},
         device="gpu", analysis_batches=10000,
+        departures=("Multi30k instead of IWSLT14 for the translation rows (lowercased, 10,000 joint BPE merges); "
+                    "otherwise the paper's recipes (bet_fairseq/recipes.py).",),
         notes=("GPU-hours are estimates, not measurements.",)),
 }
 
@@ -125,42 +249,72 @@ class Run:
     dataset: str
     row: str
     seed: int
+    setting: str = ""  # a key of SETTINGS ("": the row as the catalog has it)
+
+    @property
+    def system(self) -> str:
+        """The row and its setting: ``bet_sg``, ``bet_sg+lambda0.002-first``, ``diag_scale+x0.5``."""
+        return self.row + (f"+{self.setting}" if self.setting else "")
 
     @property
     def name(self) -> str:
-        return f"{self.dataset}/{self.row}/seed{self.seed}"
+        return f"{self.dataset}/{self.system}/seed{self.seed}"
+
+    @property
+    def flags(self) -> Flags:
+        return SETTINGS[self.setting] if self.setting else {}
 
 
-def seed_count(row: str, scale: str) -> int:
-    return STUDY.get(row, OTHER_ROW_SEEDS)[scale]
-
-
-def seeds(row: str, scale: str) -> List[int]:
-    return list(range(1, seed_count(row, scale) + 1))
+def system_label(row: str, setting: str = "") -> str:
+    label = catalog.row(row).label
+    if not setting:
+        return label
+    return SETTING_LABELS[setting].format(row=label)
 
 
 def plan(scale: str, rows: Optional[List[str]] = None, datasets: Optional[List[str]] = None,
-         max_seeds: Optional[int] = None) -> List[Run]:
-    """The runs of a study, seed by seed (every row's seed 1 first), so that an interrupted study already
-    holds comparisons paired by seed."""
+         max_seeds: Optional[int] = None, parts: Optional[List[str]] = None) -> List[Run]:
+    """The runs of ``parts`` (all by default), part by part and within a part seed by seed (every arm's seed 1
+    first), so that an interrupted part already holds comparisons paired by seed. ``rows`` / ``datasets`` keep
+    only those arms; a row that is in no arm gets one on each dataset it covers (the ``row`` seeds)."""
     if scale not in SCALES:
         raise ValueError(f"--scale {scale!r}: one of {', '.join(SCALES)}")
-    rows = [catalog.ROW_ALIASES.get(r, r) for r in (rows or STUDY)]
-    datasets = list(datasets or DATASETS)
-    for r in rows:
-        if r not in catalog.ROWS:
-            raise ValueError(f"--only {r!r}: the study's rows are {', '.join(STUDY)} (or any of "
-                             f"{', '.join(catalog.ROWS)})")
-    for d in datasets:
+    for d in datasets or ():
         if d not in catalog.DATASETS:
             raise ValueError(f"--dataset {d!r}: the study's datasets are {', '.join(DATASETS)} (or any of "
                              f"{', '.join(catalog.DATASETS)})")
-    top = max(seed_count(r, scale) for r in rows)
-    if max_seeds is not None:
-        if max_seeds < 1:
-            raise ValueError(f"--max-seeds must be >= 1, got {max_seeds}")
-        top = min(top, max_seeds)
-    return [Run(d, r, s) for s in range(1, top + 1) for d in datasets for r in rows if s <= seed_count(r, scale)]
+    rows = [catalog.ROW_ALIASES.get(r, r) for r in rows] if rows else None
+    for r in rows or ():
+        if r not in catalog.ROWS:
+            raise ValueError(f"--only {r!r}: the study's rows are {', '.join(MAIN_ROWS)} (or any of "
+                             f"{', '.join(catalog.ROWS)})")
+    if max_seeds is not None and max_seeds < 1:
+        raise ValueError(f"--max-seeds must be >= 1, got {max_seeds}")
+    for part in parts or ():
+        if part not in PARTS:
+            raise ValueError(f"--part {part!r}: one of {', '.join(PARTS)}")
+
+    def kept(arm):
+        return (rows is None or arm.row in rows) and (datasets is None or arm.dataset in datasets)
+
+    groups = [[a for a in PARTS[part] if kept(a)] for part in parts or PARTS]
+    for r in rows or ():
+        if not any(a.row == r and (datasets is None or a.dataset in datasets) for arms in PARTS.values() for a in arms):
+            if catalog.row(r).needs:
+                raise ValueError(f"--only {r!r}: the row needs --{catalog.row(r).needs[0].replace('_', '-')}; "
+                                 "the study runs it only at the sweep points of its parts")
+            groups.append([Arm(d, r) for d in (datasets or DATASETS) if catalog.dataset(d).kind in catalog.row(r).kinds])
+    runs: List[Run] = []
+    for group in groups:
+        top = max([arm_seeds(a, scale) for a in group] + [0])
+        if max_seeds is not None:
+            top = min(top, max_seeds)
+        for seed in range(1, top + 1):
+            for arm in group:
+                run = Run(arm.dataset, arm.row, seed, arm.setting)
+                if seed <= arm_seeds(arm, scale) and run not in runs:
+                    runs.append(run)
+    return runs
 
 
 def expected_seconds(scale: str, runs: List[Run], jobs: int = 1, prepare: bool = True) -> float:

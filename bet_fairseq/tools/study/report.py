@@ -1,21 +1,23 @@
-"""The study's report: ``REPORT.md``, ``results.json`` (every run and every statistic), and PNG figures
-(validation curves per dataset, a bar chart of the means with their 95% intervals).
+"""The study's report: ``REPORT.md``, ``results.json`` (every run and every statistic) and PNG figures, from
+whatever runs of the scale have finished (the missing ones are listed, by part).
 
-Statistics (``stats.py``): per row, the mean over seeds with a Student-t 95% interval; its difference
-to the Transformer paired by seed, with its interval; on Multi30k a paired bootstrap of sacreBLEU
-between the Transformer and BET(SF) for each seed. An effect whose interval includes 0 is called
-"not resolved", whichever way its mean points.
+Statistics (``stats.py``): per system, the mean over seeds with a Student-t 95% interval; its difference to the
+Transformer paired by seed, with its seed interval, a two-sided paired t-test and Holm's correction across
+the systems compared with the Transformer on that dataset and metric; on Multi30k also the test-resampling
+interval of the seed-averaged difference and sacreBLEU's own paired bootstrap and approximate randomisation
+for every seed's pair, against the raw test references. An effect whose interval includes 0 is called "not
+resolved", whichever way its mean points. Each run's validation curve is checked against the plateau
+criterion (``plan.PLATEAU``).
 """
 
 import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 
-from bet_fairseq.files import atomic_write
 from bet_fairseq import catalog
+from bet_fairseq.files import atomic_write
 from . import plan as P
 from . import runs as U
 from . import stats as S
@@ -29,16 +31,32 @@ PAPER_TABLE1 = {
            "HA_mean": [0.0192, 0.0193, 0.0194, 0.0194, 0.0186, 0.0192],
            "Ratio": [3.27, 3.02, 2.79, 2.81, 5.05, 3.46]},
 }
-METRIC_TEXT = {"bleu": "BLEU (fairseq-generate's tokenised BLEU4, beam 5, BPE removed), higher is better",
-               "sacrebleu": "sacreBLEU on Moses-detokenised output, higher is better",
-               "ppl": "test perplexity (fairseq-eval-lm), lower is better"}
-HIGHER_BETTER = {"bleu": True, "sacrebleu": True, "ppl": False}
+METRICS = {"mt": ("sacrebleu_raw", "bleu"), "lm": ("ppl",)}  # per kind; the first is the one verdicts use
+METRIC_TEXT = {
+    "sacrebleu_raw": "sacreBLEU of the Moses-detokenised output against the raw test references "
+                     "(`test_2016_flickr.en` as released), lowercased since the models are trained on lowercased "
+                     "text; higher is better",
+    "bleu": "fairseq-generate's tokenised BLEU4 (beam 5, BPE removed, against the lowercased Moses-tokenised "
+            "references), higher is better",
+    "ppl": "test perplexity (fairseq-eval-lm, blocks of 512 tokens), lower is better",
+}
+METRIC_NAME = {"sacrebleu_raw": "sacreBLEU", "bleu": "BLEU", "ppl": "perplexity"}
+HIGHER_BETTER = {"sacrebleu_raw": True, "bleu": True, "ppl": False}
+COLOURS = {"vanilla": "#444444", "diagfree": "#1f77b4", "bet_sf": "#d62728", "bet_sg": "#2ca02c",
+           "vanilla+sentences": "#9467bd"}
+FIGURE45 = ("vanilla", "diagfree", "bet_sf")  # the paper's Figures 4 and 5: validation curves of these
 
 
 def _f(x, digits=2, sign=False):
     if x is None:
         return "-"
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def _p(p):
+    if p is None:
+        return "-"
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
 def _ci(c, digits=2, sign=False):
@@ -64,64 +82,214 @@ def verdict(diff, metric):
         return f"{way} on one seed (no interval)"
     lo, hi = diff["mean"] - diff["half_width"], diff["mean"] + diff["half_width"]
     if S.resolved(diff):
-        return f"{way}, resolved (95% CI [{lo:+.2f}, {hi:+.2f}] excludes 0)"
-    return f"not resolved (95% CI [{lo:+.2f}, {hi:+.2f}] includes 0; the mean points to {way})"
+        return f"{way}, resolved (95% seed interval [{lo:+.2f}, {hi:+.2f}] excludes 0)"
+    return f"not resolved (95% seed interval [{lo:+.2f}, {hi:+.2f}] includes 0; the mean points to {way})"
+
+
+def system_of(record):
+    return record.get("system") or record["row"]
+
+
+def label_of(system):
+    row, _, setting = system.partition("+")
+    return P.system_label(row, setting)
+
+
+def is_selection_run(system):
+    """A point of BET(SG)'s lambda_p sweep other than the default: it chooses a setting, it is not tested."""
+    return system.startswith("bet_sg+")
+
+
+def dataset_order():
+    return list(P.DATASETS) + [k for k in catalog.DATASETS if k not in P.DATASETS]
+
+
+def system_order(system):
+    row, _, setting = system.partition("+")
+    settings = [""] + list(P.SETTINGS)
+    return (P.ALL_ROWS.index(row) if row in P.ALL_ROWS else len(P.ALL_ROWS), settings.index(setting)
+            if setting in settings else len(settings))
+
+
+# ----------------------------------------------------------------------------- per-run figures
+
+
+def enrich(records, work):
+    """Copies of the run records with what the report derives from their files: the token-loss curves, the
+    plateau check, the best validation nll, and (translation) sacreBLEU against the raw test references."""
+    from ..results.curves import parse_log
+    from .data import raw_references
+
+    refs_path = raw_references(work)
+    refs = None
+    if os.path.exists(refs_path):
+        with open(refs_path, encoding="utf-8") as f:
+            refs = f.read().splitlines()
+    out = []
+    for r in records:
+        # the run's folder under this work folder (the record's own "dir" is where it was made, maybe moved since)
+        r = dict(r, system=system_of(r),
+                 dir=U.run_dir(work, P.Run(r["dataset"], r["row"], r["seed"], r.get("setting") or "")))
+        if r.get("table1"):
+            r["table1"] = os.path.join(r["dir"], os.path.basename(r["table1"]))
+        log = os.path.join(r["dir"], "train.log")
+        curves = parse_log(log) if os.path.exists(log) else {"train_nll": [], "valid_nll": []}
+        r["curves"] = {"train_nll": curves["train_nll"], "valid_nll": curves["valid_nll"]}
+        r["plateau"] = S.plateau(curves["valid_nll"], P.PLATEAU["share"], P.PLATEAU["max_drop"])
+        r["best_valid_nll"] = min((v for _, v in curves["valid_nll"]), default=None)
+        if catalog.dataset(r["dataset"]).kind == "mt":
+            hyps = _lines(os.path.join(r["dir"], "hyp.detok.txt"))
+            r["sacrebleu_raw"] = None
+            if refs is not None and hyps is not None and len(hyps) == len(refs):
+                r["sacrebleu_raw"] = S.sacrebleu_metric().corpus_score(hyps, [refs]).score
+        out.append(r)
+    return out, refs
+
+
+def _lines(path):
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
 
 
 # ----------------------------------------------------------------------------- the numbers
 
 
-def summarise(records, scale):
-    """Per dataset and metric: per row the values by seed, their interval, the paired difference."""
+def summarise(records):
+    """Per dataset and metric: per system the values by seed, their interval, the paired difference to the
+    Transformer (seed interval, two-sided p, Holm-adjusted p across the dataset's systems)."""
     out = {}
-    for dkey, ds in catalog.DATASETS.items():
-        recs = [r for r in records if r["dataset"] == dkey]
+    for dkey in dataset_order():
+        ds = catalog.dataset(dkey)
+        recs = [r for r in records if r["dataset"] == dkey and not is_selection_run(r["system"])]
         if not recs:
             continue
-        metrics = ["bleu", "sacrebleu"] if ds.kind == "mt" else ["ppl"]
         per_metric = {}
-        for metric in metrics:
-            by_row = {}
-            for row in P.ALL_ROWS:
-                values = {r["seed"]: r[metric] for r in recs if r["row"] == row and r.get(metric) is not None}
+        for metric in METRICS[ds.kind]:
+            by_system = {}
+            for system in sorted({r["system"] for r in recs}, key=system_order):
+                values = {r["seed"]: r[metric] for r in recs if r["system"] == system and r.get(metric) is not None}
                 if values:
-                    by_row[row] = {"values": {str(s): v for s, v in sorted(values.items())},
-                                   "ci": S.mean_ci(list(values.values()))}
-            base = {int(s): v for s, v in by_row.get(P.BASELINE, {}).get("values", {}).items()}
-            for row, entry in by_row.items():
-                if row != P.BASELINE and base:
+                    by_system[system] = {"label": label_of(system),
+                                         "values": {str(s): v for s, v in sorted(values.items())},
+                                         "ci": S.mean_ci(list(values.values()))}
+            base = {int(s): v for s, v in by_system.get(P.BASELINE, {}).get("values", {}).items()}
+            for system, entry in by_system.items():
+                row = system.partition("+")[0]
+                if system != P.BASELINE and base:
                     mine = {int(s): v for s, v in entry["values"].items()}
                     entry["diff"] = S.paired_difference(mine, base)
                     entry["verdict"] = verdict(entry["diff"], metric)
-                paper = catalog.row(row).paper.get(ds.paper)
+                paper = catalog.row(row).paper.get(ds.paper) if system == row else None
                 paper_base = catalog.row(P.BASELINE).paper.get(ds.paper)
                 entry["paper"] = paper if ds.paper_comparable else None
                 entry["paper_diff"] = None if paper is None or paper_base is None else round(paper - paper_base, 2)
-            per_metric[metric] = by_row
+            for system, control in P.CONTROLS.items():
+                if system in by_system and control in by_system:
+                    theirs = {int(k): v for k, v in by_system[control]["values"].items()}
+                    mine = {int(k): v for k, v in by_system[system]["values"].items()}
+                    diff = S.paired_difference(mine, theirs)
+                    by_system[system]["vs_control"] = {"control": control, "diff": diff,
+                                                       "verdict": verdict(diff, metric)}
+            family = {s: e["diff"]["p"] for s, e in by_system.items() if e.get("diff", {}).get("p") is not None}
+            for system, p in S.holm(family).items():
+                by_system[system]["diff"]["p_holm"] = p
+            per_metric[metric] = by_system
         out[dkey] = per_metric
     return out
 
 
-def bootstrap(records, work, resamples):
-    """Per seed, sacreBLEU of BET(SF) against the Transformer on the same test sentences, resampled."""
-    out = []
-    base = {r["seed"]: r for r in records if r["dataset"] == "multi30k" and r["row"] == P.BASELINE}
-    other = {r["seed"]: r for r in records if r["dataset"] == "multi30k" and r["row"] == "bet_sf"}
-    for seed in sorted(set(base) & set(other)):
-        texts = {}
-        for key, rec in (("a", base[seed]), ("b", other[seed])):
-            with open(os.path.join(rec["dir"], "hyp.detok.txt"), encoding="utf-8") as f:
-                hyps = f.read().splitlines()
-            with open(os.path.join(rec["dir"], "ref.detok.txt"), encoding="utf-8") as f:
-                refs = f.read().splitlines()
-            texts[key] = (hyps, refs)
-        if texts["a"][1] != texts["b"][1]:
-            raise ValueError(f"seed {seed}: the two runs' references differ (different test sets?)")
-        result = S.paired_bootstrap(S.bleu_statistics(*texts["a"]), S.bleu_statistics(*texts["b"]),
-                                    resamples=resamples, seed=1000 + seed)
-        result["rng_seed"] = result.pop("seed")
-        out.append({**result, "seed": seed, "system_a": P.BASELINE, "system_b": "bet_sf"})
+def test_resampling(records, refs, resamples):
+    """Multi30k: per system, the test-resampling interval of its seed-averaged sacreBLEU difference to the
+    Transformer (the same resampled test sentences for every seed's pair)."""
+    out = {}
+    if refs is None:
+        return out
+    mt = [r for r in records if catalog.dataset(r["dataset"]).kind == "mt" and r.get("sacrebleu_raw") is not None
+          and not is_selection_run(r["system"])]
+    stats = {(r["dataset"], r["system"], r["seed"]): S.bleu_statistics(_lines(os.path.join(r["dir"], "hyp.detok.txt")),
+                                                                       refs, lowercase=True) for r in mt}
+    for (dkey, system, _) in sorted({(d, s, 0) for d, s, _ in stats}, key=lambda k: system_order(k[1])):
+        if system == P.BASELINE:
+            continue
+        seeds = sorted(seed for d, s, seed in stats if (d, s) == (dkey, system) and (dkey, P.BASELINE, seed) in stats)
+        if seeds:
+            pairs = [(stats[(dkey, P.BASELINE, s)], stats[(dkey, system, s)]) for s in seeds]
+            out.setdefault(dkey, {})[system] = {**S.seed_averaged_bootstrap(pairs, resamples=resamples, seed=2022),
+                                                "seeds": seeds}
     return out
+
+
+def significance(records, refs, sc):
+    """sacreBLEU's paired bootstrap and approximate randomisation, every system against the Transformer of the
+    same seed, on the raw references; ``signatures`` name the tests' settings."""
+    out = {"signatures": {}, "pairs": []}
+    if refs is None:
+        return out
+    mt = [r for r in records if catalog.dataset(r["dataset"]).kind == "mt" and r.get("sacrebleu_raw") is not None
+          and not is_selection_run(r["system"])]
+    for dkey in sorted({r["dataset"] for r in mt}):
+        for seed in sorted({r["seed"] for r in mt if r["dataset"] == dkey}):
+            here = {r["system"]: r for r in mt if r["dataset"] == dkey and r["seed"] == seed}
+            if P.BASELINE not in here or len(here) < 2:
+                continue
+            systems = {s: _lines(os.path.join(r["dir"], "hyp.detok.txt")) for s, r in here.items() if s != P.BASELINE}
+            base_hyps = _lines(os.path.join(here[P.BASELINE]["dir"], "hyp.detok.txt"))
+            tests = S.sacrebleu_paired_tests(base_hyps, systems, refs, sc.bootstrap_resamples, sc.ar_trials)
+            out["signatures"] = tests["signatures"]
+            for system in sorted(systems, key=system_order):
+                t = dict(tests["systems"][system])
+                if systems[system] == base_hyps:  # sacreBLEU counts strictly larger differences: 1/(n+1) here
+                    t.update(bs_p=1.0, ar_p=1.0)
+                out["pairs"].append({"dataset": dkey, "seed": seed, "system": system, "baseline": t["baseline"],
+                                     "score": t["score"], "delta": t["delta"], "bs_p": float(t["bs_p"]),
+                                     "ar_p": float(t["ar_p"])})
+    if mt:
+        metric = S.sacrebleu_metric()
+        metric.corpus_score(_lines(os.path.join(mt[0]["dir"], "hyp.detok.txt")), [refs])  # the signature needs a use
+        out["signature_bleu"] = metric.get_signature().format()
+    return out
+
+
+def pointer_sweep(records, scale):
+    """BET(SG)'s lambda_p x --pointer-heads points on Multi30k: best validation nll per point, averaged over the
+    seeds every point has; the chosen point is the lowest (validation only, never test)."""
+    seeds_kept = set(range(1, P.SEEDS[scale]["sweep"] + 1))
+    points = []
+    for lam in P.POINTER_LAMBDAS:
+        for heads in P.POINTER_HEADS:
+            row, setting = P.pointer_point(lam, heads)
+            system = row + (f"+{setting}" if setting else "")
+            values = {r["seed"]: r["best_valid_nll"] for r in records if r["dataset"] == "multi30k"
+                      and r["system"] == system and r["seed"] in seeds_kept and r.get("best_valid_nll") is not None}
+            points.append({"pointer_lambda": lam, "pointer_heads": heads, "system": system,
+                           "values": {str(s): v for s, v in sorted(values.items())}, "ci": S.mean_ci(list(values.values()))})
+    complete = [p for p in points if len(p["values"]) == len(seeds_kept)]
+    base = {r["seed"]: r["best_valid_nll"] for r in records if r["dataset"] == "multi30k" and r["system"] == P.BASELINE
+            and r["seed"] in seeds_kept and r.get("best_valid_nll") is not None}
+    out = {"points": points, "seeds": sorted(seeds_kept), "transformer": S.mean_ci(list(base.values())),
+           "default": dict(catalog.POINTER_DEFAULT), "complete": len(complete) == len(points)}
+    if out["complete"]:  # a choice among some of the points could change when the others finish
+        best = min(complete, key=lambda p: p["ci"]["mean"])
+        out["chosen"] = {"pointer_lambda": best["pointer_lambda"], "pointer_heads": best["pointer_heads"]}
+        out["matches_default"] = out["chosen"] == out["default"]
+    return out
+
+
+def diag_sweep(summary, metric="sacrebleu_raw"):
+    """Figure 3's points on Multi30k: the diagonal scale -> the metric's mean and interval; DiagFreeMask apart."""
+    by_system = summary.get("multi30k", {}).get(metric, {})
+    points = []
+    for c in P.DIAG_SCALES:
+        row, setting = P.diag_point(c)
+        system = row + (f"+{setting}" if setting else "")
+        if system in by_system:
+            points.append({"scale": c, "system": system, "ci": by_system[system]["ci"],
+                           "values": by_system[system]["values"]})
+    free = by_system.get("diagfree")
+    return {"metric": metric, "points": points, "diagfree": None if free is None else {"ci": free["ci"],
+                                                                                        "values": free["values"]}}
 
 
 def table1(records):
@@ -133,7 +301,7 @@ def table1(records):
     return out
 
 
-def machine(root):
+def machine():
     info = {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -152,64 +320,186 @@ def machine(root):
         info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except Exception:  # pragma: no cover
         info["gpu"] = None
-    try:
-        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-        info["commit"] = (commit + (" + uncommitted changes" if dirty else "")) if commit else None
-    except (OSError, subprocess.SubprocessError):
-        info["commit"] = None
+    info["commit"] = U.code_commit()
     return info
 
 
 # ----------------------------------------------------------------------------- figures
 
 
-def plot_curves(records, out):
-    from ..results.curves import parse_log, plot_curves as draw
+def _band(ax, curves, colour, label):
+    """Mean over seeds of curves on their common updates, with the band of the seeds' minimum to maximum."""
+    import numpy as np
 
-    paths = []
-    for dkey, ds in catalog.DATASETS.items():
-        recs = sorted((r for r in records if r["dataset"] == dkey), key=lambda r: (P.ALL_ROWS.index(r["row"]),
-                                                                                  r["seed"]))
-        curves = [(f"{r['row_label']} seed {r['seed']}", parse_log(os.path.join(r["dir"], "train.log")))
-                  for r in recs if os.path.exists(os.path.join(r["dir"], "train.log"))]
-        if curves:
-            path = os.path.join(out, f"curves_{dkey}.png")
-            draw(curves, path, f"{ds.label}: training and validation loss (base 2) by update")
-            paths.append(path)
-    return paths
+    common = sorted(set.intersection(*[{u for u, _ in c} for c in curves])) if curves else []
+    if not common:
+        return
+    values = np.array([[dict(c)[u] for u in common] for c in curves])
+    ax.plot(common, values.mean(0), color=colour, label=f"{label} ({len(curves)} seeds)", marker="." if len(common) < 30 else None)
+    if len(curves) > 1:
+        ax.fill_between(common, values.min(0), values.max(0), color=colour, alpha=0.2, linewidth=0)
 
 
-def plot_bars(summary, out):
+def _colour(system, k):
+    from ..figures import pyplot
+
+    return COLOURS.get(system) or pyplot().get_cmap("tab10").colors[k % 10]
+
+
+def plot_curves(records, out, systems_of_dataset, name, title, splits=("train_nll", "valid_nll")):
     from ..figures import pyplot, save_png
 
     plt = pyplot()
-    panels = [(d, m) for d in summary for m in (["bleu"] if catalog.dataset(d).kind == "mt" else ["ppl"])]
+    paths = []
+    for dkey, systems in systems_of_dataset.items():
+        if not systems:
+            continue
+        fig, axes = plt.subplots(1, len(splits), figsize=(5.8 * len(splits), 4.2), squeeze=False)
+        for ax, split in zip(axes[0], splits):
+            for k, system in enumerate(systems):
+                curves = [r["curves"][split] for r in records if r["dataset"] == dkey and r["system"] == system
+                          and r["curves"][split]]
+                _band(ax, curves, _colour(system, k), label_of(system))
+            ax.set_xlabel("updates")
+            ax.set_ylabel(f"{'training' if split.startswith('train') else 'validation'} token loss (nll, bits)")
+            ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=7)
+        fig.suptitle(f"{catalog.dataset(dkey).label}: {title}", fontsize=10)
+        fig.tight_layout()
+        paths.append(save_png(fig, os.path.join(out, f"{name}_{dkey}.png")))
+    return paths
+
+
+def plot_differences(summary, resampled, out):
+    """Each system minus the Transformer, per dataset: the mean, its seed interval (thick), the test-resampling
+    interval (thin, Multi30k), the seeds' own differences (dots) and a line at 0."""
+    from ..figures import pyplot, save_png
+
+    plt = pyplot()
+    panels = [(d, METRICS[catalog.dataset(d).kind][0]) for d in summary]
+    panels = [(d, m) for d, m in panels if any("diff" in e for e in summary[d].get(m, {}).values())]
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, (dkey, metric) in zip(axes[0], panels):
-        by_row = summary[dkey][metric]
-        rows = [r for r in P.ALL_ROWS if r in by_row]
-        means = [by_row[r]["ci"]["mean"] for r in rows]
-        errs = [by_row[r]["ci"]["half_width"] or 0.0 for r in rows]
-        ax.bar(range(len(rows)), means, yerr=errs, capsize=6, color="#9ecae1", edgecolor="#3182bd")
-        for i, r in enumerate(rows):
-            vals = list(by_row[r]["values"].values())
-            ax.plot([i] * len(vals), vals, "k.", alpha=0.6)
-        ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([catalog.row(r).label for r in rows], rotation=15, fontsize=8)
-        ax.set_ylabel(metric.upper() if metric == "bleu" else "perplexity")
-        lo = min(v - e for v, e in zip(means, errs))
-        hi = max(v + e for v, e in zip(means, errs))
-        pad = max(hi - lo, 1e-6) * 0.5
-        ax.set_ylim(lo - pad, hi + pad)
-        ax.set_title(f"{catalog.dataset(dkey).label}: mean, 95% CI (t), seeds as dots", fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
+    heights = [sum(1 for e in summary[d][m].values() if "diff" in e) for d, m in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7.5, sum(0.45 * h + 1.3 for h in heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (dkey, metric) in zip(axes[:, 0], panels):
+        entries = [(s, e) for s, e in summary[dkey][metric].items() if "diff" in e]
+        for y, (system, e) in enumerate(entries):
+            d = e["diff"]
+            colour = _colour(system, y)
+            if d.get("half_width") is not None:
+                ax.errorbar(d["mean"], y, xerr=d["half_width"], fmt="o", color=colour, capsize=4, linewidth=2.2)
+            else:
+                ax.plot(d["mean"], y, "o", color=colour)
+            base = summary[dkey][metric][P.BASELINE]["values"]
+            seeds = [e["values"][s] - base[s] for s in e["values"] if s in base]
+            ax.plot(seeds, [y + 0.18] * len(seeds), ".", color=colour, alpha=0.5, markersize=4)
+            r = resampled.get(dkey, {}).get(system)
+            if r is not None and metric == "sacrebleu_raw":
+                ax.plot(r["ci"], [y - 0.18] * 2, color=colour, linewidth=1, alpha=0.8)
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_yticks(range(len(entries)))
+        ax.set_yticklabels([e["label"] for _, e in entries], fontsize=7)
+        ax.invert_yaxis()
+        better = "higher is better" if HIGHER_BETTER[metric] else "lower is better"
+        ax.set_xlabel(f"{METRIC_NAME[metric]} minus the Transformer's, paired by seed ({better})")
+        ax.set_title(f"{catalog.dataset(dkey).label}: mean with 95% seed interval (thick), seeds (dots)"
+                     + ("\ntest-resampling 95% interval of the seed mean (thin, above)" if dkey in resampled else ""),
+                     fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    return save_png(fig, os.path.join(out, "bars.png"))
+    return save_png(fig, os.path.join(out, "differences.png"))
+
+
+def plot_diag_sweep(sweep, out):
+    from ..figures import pyplot, save_png
+
+    if not sweep["points"]:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    xs = [p["scale"] for p in sweep["points"]]
+    ys = [p["ci"]["mean"] for p in sweep["points"]]
+    errs = [p["ci"]["half_width"] or 0.0 for p in sweep["points"]]
+    ax.errorbar(xs, ys, yerr=errs, fmt="o-", color="#444444", capsize=4, label="diagonal logits x c (c = 1: the Transformer)")
+    for p in sweep["points"]:
+        vals = list(p["values"].values())
+        ax.plot([p["scale"]] * len(vals), vals, ".", color="#444444", alpha=0.4, markersize=4)
+    if sweep["diagfree"]:
+        d = sweep["diagfree"]
+        x = -0.25
+        ax.errorbar([x], [d["ci"]["mean"]], yerr=[d["ci"]["half_width"] or 0.0], fmt="s", color=COLOURS["diagfree"],
+                    capsize=4, label="DiagFreeMask (diagonal -inf)")
+        ax.plot([x] * len(d["values"]), list(d["values"].values()), ".", color=COLOURS["diagfree"], alpha=0.4)
+    ax.set_xlabel("diagonal scale c")
+    ax.set_ylabel(f"{METRIC_NAME[sweep['metric']]} (test), mean ± 95% seed interval")
+    ax.set_title("Figure 3 at this scale: Multi30k De-En", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_png(fig, os.path.join(out, "figure3_diag_scale.png"))
+
+
+def plot_pointer_sweep(sweep, out):
+    from ..figures import pyplot, save_png
+
+    if not any(p["values"] for p in sweep["points"]):
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for k, heads in enumerate(P.POINTER_HEADS):
+        pts = [p for p in sweep["points"] if p["pointer_heads"] == heads and p["values"]]
+        ax.errorbar([p["pointer_lambda"] for p in pts], [p["ci"]["mean"] for p in pts],
+                    yerr=[p["ci"]["half_width"] or 0.0 for p in pts], fmt="o-", capsize=4, label=f"--pointer-heads {heads}",
+                    color=("#2ca02c", "#ff7f0e")[k % 2])
+    t = sweep["transformer"]
+    if t.get("mean") is not None:
+        ax.axhline(t["mean"], color="#444444", linestyle="--", linewidth=1, label="Transformer")
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(P.POINTER_LAMBDAS)
+    ax.set_xticklabels([f"{lam:g}" for lam in P.POINTER_LAMBDAS])
+    ax.set_xlabel("lambda_p")
+    ax.set_ylabel(f"best validation nll (bits), mean over seeds {', '.join(map(str, sweep['seeds']))}")
+    ax.set_title("BET(SG) on Multi30k: the pointer-loss sweep (validation only)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_png(fig, os.path.join(out, "pointer_sweep.png"))
+
+
+def plot_heatmap(records, work, out):
+    """Decoder self-attention of one validation sentence (mean over heads, every layer): the Transformer's A,
+    BET(SF)'s first pass A and its final A', seed 1 of each (their checkpoint_best.pt)."""
+    import torch
+
+    from ..analysis.loading import load_checkpoint, load_split, sample_from_index
+    from ..analysis.plots import heatmap_grid
+    from ..analysis.topk import sentence_attention
+
+    found = {r["row"]: r for r in records if r["dataset"] == "multi30k" and r["system"] in P.ANALYSED and r["seed"] == 1}
+    if set(found) != set(P.ANALYSED) or not all(os.path.exists(os.path.join(r["dir"], "checkpoint_best.pt"))
+                                                for r in found.values()):
+        return None, None
+    data = os.path.join(work, "multi30k", "data-bin")
+    attention, tokens, index = {}, None, None
+    with U.quiet_logging(), torch.no_grad():
+        for row in P.ANALYSED:
+            loaded = load_checkpoint(os.path.join(found[row]["dir"], "checkpoint_best.pt"), data, cpu=True)
+            if index is None:
+                sizes = load_split(loaded, "valid").tgt_sizes
+                index = next((i for i, n in enumerate(sizes) if 8 <= n <= 12), 0)
+            att = sentence_attention(loaded, sample_from_index(loaded, "valid", index))
+            attention[row], tokens = att, att["input"]
+    layers = len(attention[P.BASELINE]["final"])
+    grid = [[(f"Transformer A, layer {i + 1}", attention["vanilla"]["final"][i].mean(0)),
+             (f"BET(SF) first pass A, layer {i + 1}", attention["bet_sf"]["first_pass"][i].mean(0)),
+             (f"BET(SF) final A', layer {i + 1}", attention["bet_sf"]["final"][i].mean(0))] for i in range(layers)]
+    path = os.path.join(out, "attention_heatmap.png")
+    heatmap_grid(grid, tokens, path, f"Multi30k validation sentence {index}, mean over heads, seed 1 (rows: queries, "
+                                      "columns: keys; weights 0-1)")
+    return path, {"split": "valid", "index": index, "tokens": tokens}
 
 
 # ----------------------------------------------------------------------------- Markdown
@@ -224,7 +514,7 @@ def _table1_md(t1, kind):
     for row, res in t1.items():
         for matrix, layers in res["matrices"].items():
             name = catalog.row(row).label + (" (first pass A)" if matrix == "first_pass" else
-                                       " (A')" if row == "bet_sf" else "")
+                                             " (A')" if row == "bet_sf" else "")
             for stat in ("CA", "HA_mean", "Ratio"):
                 cells = [_f(layer[stat], 4 if stat != "Ratio" else 2) if layer else "-" for layer in layers]
                 lines.append(f"| {name} | {stat.replace('_mean', '(mean)')} | " + " | ".join(
@@ -236,137 +526,253 @@ def _table1_md(t1, kind):
     return lines
 
 
+def _comparisons(data):
+    L = []
+    for dkey, per_metric in data["summary"].items():
+        ds = catalog.dataset(dkey)
+        main = METRICS[ds.kind][0]
+        for system, entry in per_metric[main].items():
+            if system == P.BASELINE or "verdict" not in entry:
+                continue
+            d = entry["diff"]
+            agree = ""
+            pd = entry.get("paper_diff")
+            if pd is not None and d.get("mean") is not None:
+                paper_way, ours = _direction(pd, main), _direction(d["mean"], main)
+                state = "resolved" if S.resolved(d) else "not resolved"
+                agree = (f"; the paper's {'IWSLT14 ' if not ds.paper_comparable else ''}difference ({pd:+.2f} "
+                         f"{'BLEU' if ds.kind == 'mt' else METRIC_NAME[main]}) is {paper_way}, ours "
+                         + ("shows no change" if ours == "no change" else
+                            f"points {'the same way' if ours == paper_way else 'the other way'} ({state})"))
+            tests = ""
+            if d.get("p") is not None:
+                tests = f"; paired t-test p = {_p(d['p'])} (two-sided), Holm-adjusted {_p(d.get('p_holm'))}"
+            r = data["test_resampling"].get(dkey, {}).get(system)
+            if r is not None and main == "sacrebleu_raw":
+                tests += f"; test-resampling 95% interval [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]"
+            L.append(f"- {ds.label}, {entry['label']} vs Transformer: {_ci(d, sign=True)} {METRIC_NAME[main]} "
+                     f"({len(d['seeds'])} seeds): {entry['verdict']}{tests}{agree}.")
+            c = entry.get("vs_control")
+            if c:
+                L.append(f"- {ds.label}, {entry['label']} vs {label_of(c['control'])} (like for like: both trained on "
+                         f"sentences, evaluated on blocks): {_ci(c['diff'], sign=True)} {METRIC_NAME[main]} "
+                         f"({len(c['diff']['seeds'])} seeds): {c['verdict']}; paired t-test p = {_p(c['diff'].get('p'))} "
+                         "(two-sided, not in the Holm family).")
+    return L
+
+
 def markdown(data):
     scale, summary, records = data["scale"], data["summary"], data["runs"]
     sc = P.SCALE_TABLE[scale]
     m = data["machine"]
-    L = [f"# Reproduction study: {', '.join(catalog.dataset(d).label for d in summary)} ({scale} scale)", "",
-         f"Written by `{data['command']}` on {data['generated']}. Scale `{scale}`: {sc.description}.", ""]
-    # what the figures show
+    figures = set(data.get("figures", []))
+    L = [f"# Reproduction study: {', '.join(catalog.dataset(d).label for d in summary) or 'no runs yet'} ({scale} scale)",
+         "", f"Written by `{data['command']}` on {data['generated']}. Scale `{scale}`: {sc.description}.", ""]
+    # ---------------------------------------------------------------- what it shows
     L += ["## What these numbers show and do not show", ""]
     if scale == "smoke":
         L.append("- **This is a smoke test**: tiny models, a few updates, a few hundred sentences. It shows that the "
                  "machinery runs end to end; its numbers say nothing about the methods.")
-    L.append("- Models: small ones trained for the updates listed under *Runs*, not the paper's models; absolute "
-             "values are not comparable with the paper's. Each comparison is with the Transformer trained on the "
-             "same data, schedule and seed.")
-    L.append("- An effect is **resolved** when the 95% interval of the seed-paired difference excludes 0; an effect "
-             "smaller than its interval is **not resolved**, whichever way its mean points. Resolved here means "
+    L.append("- Models: small ones at this scale (*Settings*), not the paper's; absolute values are not comparable "
+             "with the paper's. Each comparison is with the Transformer trained on the same data, schedule and seed.")
+    L.append("- An effect is **resolved** when the 95% seed interval of the seed-paired difference excludes 0; an "
+             "effect smaller than its interval is **not resolved**, whichever way its mean points. Resolved means "
              "resolved over these seeds at this scale, not that the paper's effect is confirmed at its scale.")
+    L.append("- Two intervals, two questions: the **seed interval** (Student t over the seed-paired differences) is "
+             "how much the difference moves when both models are trained again with other seeds; the "
+             "**test-resampling interval** (paired bootstrap over test sentences, the same draw for every seed's "
+             "pair) is how much the seed-averaged difference moves when other test sentences are drawn, the "
+             "models fixed. A claim about the methods needs the first; the second is usually narrower.")
+    L.append("- p-values are two-sided throughout: the paired t-test over seeds (Holm-adjusted across the systems "
+             "compared with the Transformer on a dataset and metric) and sacreBLEU's paired bootstrap and "
+             "approximate randomisation per seed's pair (test-set noise of one pair of models, not seed variation).")
     L.append("- Multi30k is not in the paper: only the direction is compared, with the paper's IWSLT14 De-En "
              "difference (same recipe family, another corpus).")
-    for dkey, per_metric in summary.items():
-        ds = catalog.dataset(dkey)
-        main = "bleu" if ds.kind == "mt" else "ppl"
-        for row, entry in per_metric[main].items():
-            if row == P.BASELINE or "verdict" not in entry:
-                continue
-            pd = entry.get("paper_diff")
-            paper_way = _direction(pd, main) if pd is not None else None
-            agree = ""
-            if paper_way and entry["diff"].get("mean") is not None:
-                ours = _direction(entry["diff"]["mean"], main)
-                state = "resolved" if S.resolved(entry["diff"]) else "not resolved"
-                ours = ("shows no change" if ours == "no change" else
-                        f"points {'the same way' if ours == paper_way else 'the other way'} ({state})")
-                agree = (f"; the paper's {'IWSLT14 ' if not ds.paper_comparable else ''}difference ({pd:+.2f}) is "
-                         f"{paper_way}, ours {ours}")
-            L.append(f"- {ds.label}, {catalog.row(row).label} vs Transformer: {_ci(entry['diff'], sign=True)} "
-                     f"{main.upper() if main == 'bleu' else 'perplexity'}: {entry['verdict']}{agree}.")
-    for b in data.get("bootstrap", []):
-        sig = "p < 0.05" if b["p"] < 0.05 else "not significant at 0.05"
-        L.append(f"- Multi30k seed {b['seed']}: paired bootstrap of sacreBLEU, BET(SF) - Transformer "
-                 f"{b['delta']:+.2f} (95% CI [{b['ci'][0]:+.2f}, {b['ci'][1]:+.2f}], p = {b['p']:.3f}, {sig}): the "
-                 "test-set sampling noise of one pair of models; it says nothing about seed-to-seed variation.")
-    missing = data.get("missing", [])
-    if missing:
-        L.append(f"- {len(missing)} planned run(s) are not finished yet and are left out: "
-                 + ", ".join(missing[:12]) + (" ..." if len(missing) > 12 else "") + ".")
-    L.append("- Table 1 below is measured on one seed of each model at this scale (validation split, at most "
-             f"{sc.analysis_batches} batches); the paper's figures are for converged 6-layer models.")
+    L += _comparisons(data)
+    plateau = [r for r in records if r.get("plateau")]
+    met = [r for r in plateau if r["plateau"]["met"]]
+    L.append(f"- Plateau criterion ({P.PLATEAU_TEXT}): met by {len(met)} of {len(records)} runs"
+             + ("; not met: " + ", ".join(f"{r['dataset']}/{r['system']}/seed{r['seed']}" for r in plateau
+                                          if not r["plateau"]["met"]) if len(met) < len(plateau) else "")
+             + (f"; {len(records) - len(plateau)} without a curve" if len(plateau) < len(records) else "") + ".")
+    sweep = data.get("pointer_sweep") or {}
+    if sweep.get("chosen"):
+        c, dft = sweep["chosen"], sweep["default"]
+        L.append(f"- BET(SG)'s pointer loss, chosen on Multi30k validation nll: lambda_p {c['pointer_lambda']:g}, "
+                 f"--pointer-heads {c['pointer_heads']}; the criteria's default (catalog.POINTER_DEFAULT, which the "
+                 f"BET(SG) rows train with) is lambda_p {dft['pointer_lambda']:g}, {dft['pointer_heads']}: "
+                 + ("they match." if sweep["matches_default"] else
+                    "**they differ**: set POINTER_DEFAULT to the chosen point and run the BET(SG) rows again."))
+    elif sweep:
+        L.append("- BET(SG)'s pointer-loss sweep is not complete yet (part `pointer`): no setting chosen.")
+    for part, names in data.get("missing", {}).items():
+        if names:
+            L.append(f"- Part `{part}`: {len(names)} run(s) not finished, left out: " + ", ".join(names[:10])
+                     + (" ..." if len(names) > 10 else "") + f" (`bet-reproduce --scale {scale} --part {part}`).")
     L.append("")
-    # results per dataset
+    # ---------------------------------------------------------------- figures in words
+    L += ["### What the figures show and do not show", ""]
+    if "differences.png" in figures:
+        L.append("- `differences.png`: each system minus the Transformer, paired by seed. It shows the size of each "
+                 "difference against both intervals; it does not show absolute quality (the tables do).")
+    if "figure3_diag_scale.png" in figures:
+        pts = data["diag_sweep"]["points"]
+        best = max(pts, key=lambda p: p["ci"]["mean"])
+        L.append(f"- `figure3_diag_scale.png` (the paper's Figure 3 at this scale): test sacreBLEU against the "
+                 f"diagonal scale c, DiagFreeMask at the left. The best mean is at c = {best['scale']:g}; read the "
+                 "intervals before the order of the means: points whose intervals overlap are not told apart by "
+                 "these seeds. It shows one corpus and one model size only.")
+    if any(f.startswith("figure45_") for f in figures):
+        L.append("- `figure45_*.png` (the paper's Figures 4 and 5): validation token loss of the Transformer, "
+                 "DiagFreeMask and BET(SF), mean over seeds with the seeds' range as a band. They show how fast each "
+                 "system learns on this schedule; they do not show test quality, and a band that overlaps another "
+                 "does not separate them.")
+    if any(f.startswith("curves_") for f in figures):
+        L.append("- `curves_*.png`: training and validation token loss (nll, bits; BET(SG)'s without lambda_p L_p) of "
+                 "every system, mean over seeds with a band. The last fifth of each curve is what the plateau "
+                 "criterion reads.")
+    if "pointer_sweep.png" in figures:
+        L.append("- `pointer_sweep.png`: BET(SG)'s best validation nll for each lambda_p and --pointer-heads, the "
+                 "Transformer's as a dashed line. It is the evidence the default was chosen on (validation only); "
+                 "it says nothing about test BLEU.")
+    if "attention_heatmap.png" in figures:
+        L.append("- `attention_heatmap.png`: one validation sentence, seed 1, mean over heads, every decoder layer: "
+                 "the Transformer's A, BET(SF)'s first pass A and its final A'. A' has a zero diagonal except row 0 by "
+                 "construction (DiagFreeMask). One sentence of one seed: it illustrates, it does not measure (Table 1 "
+                 "does).")
+    L.append("")
+    # ---------------------------------------------------------------- per dataset
     for dkey, per_metric in summary.items():
         ds = catalog.dataset(dkey)
         L += [f"## {ds.label}", ""]
-        for metric, by_row in per_metric.items():
+        for metric, by_system in per_metric.items():
             L += [f"{METRIC_TEXT[metric]}.", ""]
-            L.append("| system | seeds | mean ± 95% CI | difference to Transformer (paired by seed) ± 95% CI | "
-                     "paper | ours - paper | paper's difference to Transformer |")
-            L.append("|---|---|---|---|---|---|---|")
-            for row, e in by_row.items():
-                diff = "(baseline)" if row == P.BASELINE else (_ci(e["diff"], sign=True) + (
-                    "" if S.resolved(e["diff"]) else " (not resolved)") if "diff" in e else "-")
-                paper = _f(e["paper"]) if e.get("paper") is not None else (
-                    "n/a" if not ds.paper_comparable else "-")
-                vs = _f(e["ci"]["mean"] - e["paper"], sign=True) if e.get("paper") is not None else "n/a"
-                pd = "-" if row == P.BASELINE else (
+            L.append("| system | seeds | mean ± 95% CI | difference to Transformer (paired by seed) ± 95% seed "
+                     "interval | p (t, two-sided) | p Holm | test-resampling 95% interval | paper | paper's "
+                     "difference to Transformer |")
+            L.append("|---|---|---|---|---|---|---|---|---|")
+            for system, e in by_system.items():
+                d = e.get("diff", {})
+                diff = "(baseline)" if system == P.BASELINE else (
+                    _ci(d, sign=True) + (" (not resolved)" if S.resolved(d) is False else "") if d else "-")
+                r = data["test_resampling"].get(dkey, {}).get(system) if metric == "sacrebleu_raw" else None
+                rs = f"[{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]" if r else "-"
+                paper = _f(e["paper"]) if e.get("paper") is not None else ("n/a" if not ds.paper_comparable else "-")
+                pd = "-" if system == P.BASELINE else (
                     _f(e["paper_diff"], sign=True) + ("" if ds.paper_comparable else " (IWSLT14 De-En)")
                     if e.get("paper_diff") is not None else "-")
-                L.append(f"| {catalog.row(row).label} | {len(e['values'])} ({', '.join(e['values'])}) | {_ci(e['ci'])} | "
-                         f"{diff} | {paper} | {vs} | {pd} |")
+                L.append(f"| {e['label']} | {len(e['values'])} ({', '.join(e['values'])}) | {_ci(e['ci'])} | {diff} | "
+                         f"{_p(d.get('p'))} | {_p(d.get('p_holm'))} | {rs} | {paper} | {pd} |")
             L.append("")
-        if ds.kind == "mt" and data.get("bootstrap"):
-            L += ["Paired bootstrap resampling (Koehn 2004) of the test set, sacreBLEU, BET(SF) against the "
-                  f"Transformer of the same seed ({data['bootstrap'][0]['resamples']} resamples, seeded; p: share "
-                  "of resamples whose difference does not have the observed sign):", "",
-                  "| seed | Transformer | BET(SF) | difference | 95% CI | p |", "|---|---|---|---|---|---|"]
-            for b in data["bootstrap"]:
-                L.append(f"| {b['seed']} | {b['a']:.2f} | {b['b']:.2f} | {b['delta']:+.2f} | "
-                         f"[{b['ci'][0]:+.2f}, {b['ci'][1]:+.2f}] | {b['p']:.3f} |")
+        sig = data["significance"]
+        pairs = [p for p in sig.get("pairs", []) if p["dataset"] == dkey]
+        if pairs:
+            L += ["sacreBLEU's own paired tests (`sacrebleu.significance`), each system against the Transformer of the "
+                  "same seed on the raw references; both p-values two-sided (sacreBLEU tests the absolute "
+                  "difference), not corrected for the number of pairs:", "",
+                  f"- BLEU: `{sig.get('signature_bleu')}`",
+                  f"- paired bootstrap: `{sig['signatures'].get('bs')}`",
+                  f"- approximate randomisation: `{sig['signatures'].get('ar')}`", "",
+                  "| system | seed | Transformer | system | difference | p (paired bootstrap) | p (approximate "
+                  "randomisation) |", "|---|---|---|---|---|---|---|"]
+            for p in pairs:
+                L.append(f"| {label_of(p['system'])} | {p['seed']} | {p['baseline']:.2f} | {p['score']:.2f} | "
+                         f"{p['delta']:+.2f} | {_p(p['bs_p'])} | {_p(p['ar_p'])} |")
             L.append("")
         if dkey in data.get("table1", {}):
             t1 = data["table1"][dkey]
             first = next(iter(t1.values()))
-            L += [f"Table 1 on {ds.label} (validation, {first['sentences']} sequences; {first['definition']}):",
-                  ""] + _table1_md(t1, ds.kind) + [""]
-        if f"curves_{dkey}.png" in data.get("figures", []):
-            L += [f"![{ds.label} loss curves](curves_{dkey}.png)", ""]
-    if "bars.png" in data.get("figures", []):
-        L += ["## Means and intervals", "", "![means with 95% intervals](bars.png)", ""]
-    # runs
-    L += ["## Runs", "", "| dataset | system | seed | updates | value | train s | eval s | resumed |",
-          "|---|---|---|---|---|---|---|---|"]
+            L += [f"Table 1 on {ds.label} (validation, {first['sentences']} sequences; {first['definition']}):", ""] \
+                + _table1_md(t1, ds.kind) + [""]
+        for name, caption in ((f"figure45_{dkey}.png", "validation token loss, Transformer vs DiagFreeMask vs BET(SF)"),
+                              (f"curves_{dkey}.png", "token loss of every system")):
+            if name in figures:
+                L += [f"![{ds.label}: {caption}]({name})", ""]
+    if "differences.png" in figures:
+        L += ["## Differences to the Transformer", "", "![paired differences](differences.png)", ""]
+    if "figure3_diag_scale.png" in figures:
+        L += ["## Figure 3: the diagonal scale", "", "![diagonal-scale sweep](figure3_diag_scale.png)", ""]
+    if sweep:
+        L += ["## BET(SG): lambda_p and --pointer-heads, chosen on validation", "",
+              f"Best validation nll (bits, without lambda_p L_p) over the seeds {', '.join(map(str, sweep['seeds']))}; "
+              f"Transformer: {_ci(sweep['transformer'], 3)}.", "",
+              "| lambda_p | --pointer-heads | seeds | best validation nll ± 95% CI |", "|---|---|---|---|"]
+        for p in sweep["points"]:
+            chosen = sweep.get("chosen") == {"pointer_lambda": p["pointer_lambda"], "pointer_heads": p["pointer_heads"]}
+            L.append(f"| {p['pointer_lambda']:g} | {p['pointer_heads']} | {len(p['values'])} | {_ci(p['ci'], 3)}"
+                     f"{' (chosen)' if chosen else ''} |")
+        L.append("")
+        if "pointer_sweep.png" in figures:
+            L += ["![pointer-loss sweep](pointer_sweep.png)", ""]
+    if "attention_heatmap.png" in figures:
+        h = data.get("heatmap") or {}
+        L += ["## Attention, one sentence", "", f"Validation sentence {h.get('index')} of Multi30k: "
+              f"`{' '.join(h.get('tokens') or [])}`.", "", "![attention heatmap](attention_heatmap.png)", ""]
+    # ---------------------------------------------------------------- settings and runs
+    L += ["## Settings, and where they depart from the paper's", ""]
+    L += [f"- {note}" for note in sc.departures] + [""]
+    L += ["## Runs", "", f"Plateau: {P.PLATEAU_TEXT}; nll at the cut and at the end, in bits.", "",
+          "| dataset | system | seed | updates | value | valid nll (cut -> end) | drop | plateau | train CPU s | "
+          "eval CPU s | wall s | resumed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-        L.append(f"| {r['dataset']} | {r['row_label']} | {r['seed']} | {r.get('num_updates')} | {_f(r['value'])} | "
-                 f"{_f(r['wall_time_s']['train'], 0)} | {_f(r['wall_time_s']['eval'], 0)} | "
+        pl = r.get("plateau")
+        cut = (f"{pl['from']:.3f} @ {pl['from_update']} -> {pl['to']:.3f} @ {pl['to_update']}" if pl else "-")
+        drop = f"{100 * pl['relative_drop']:.2f}%" if pl else "-"
+        cpu = r.get("cpu_time_s") or {}
+        L.append(f"| {r['dataset']} | {label_of(r['system'])} | {r['seed']} | {r.get('num_updates')} | "
+                 f"{_f(r['value'])} | {cut} | {drop} | {'yes' if pl and pl['met'] else 'no' if pl else '-'} | "
+                 f"{_f(cpu.get('train'), 0)} | {_f(cpu.get('eval'), 0)} | {_f(U.run_seconds(r), 0)} | "
                  f"{'yes' if r.get('resumed') else 'no'} |")
-    L += ["", "Commands: `results.json` holds each run's fairseq-train and evaluation command lines.", ""]
+    codes = sorted({r.get("code") or "unknown" for r in records})
+    L += ["", "Commands: `results.json` holds each run's fairseq-train and evaluation command lines. Runs made by "
+          f"the code at: {', '.join(codes) if codes else '-'}.", ""]
     L += ["## Machine, versions, time", ""]
-    L.append(f"- machine: {m.get('processor')}, {m.get('cpus')} CPUs, GPU: {m.get('gpu') or 'none'}; "
-             f"{m.get('platform')}")
+    L.append(f"- machine: {m.get('processor')}, {m.get('cpus')} CPUs, GPU: {m.get('gpu') or 'none'}; {m.get('platform')}")
     L.append(f"- versions: Python {m.get('python')}, torch {m.get('torch')}, fairseq {m.get('fairseq')}, "
              f"sacreBLEU {m.get('sacrebleu')}, numpy {m.get('numpy')}")
-    L.append(f"- commit: {m.get('commit') or 'unknown (not a git checkout)'}")
+    L.append(f"- report written by the code at commit: {m.get('commit') or 'unknown (not a git checkout)'}")
     t = data["time"]
-    L.append(f"- wall time: runs {t['runs_s'] / 3600:.2f} h in all (train + evaluation, summed over runs), data "
-             f"preparation {t['prepare_s'] / 60:.1f} min, this invocation {t['invocation_s'] / 60:.1f} min")
+    L.append(f"- time: runs {t['runs_s'] / 3600:.2f} h wall and {t['runs_cpu_s'] / 3600:.2f} h CPU in all (train + "
+             f"evaluation, summed over runs; several ran side by side), data preparation {t['prepare_s'] / 60:.1f} min, "
+             f"this invocation {t['invocation_s'] / 60:.1f} min")
     L.append("")
     return "\n".join(L)
 
 
 def write(out, scale, records, work, command, prepare_s, invocation_s, missing, plots=True):
-    """Write results.json, the PNGs and REPORT.md into ``out``; returns the report's path."""
+    """Write results.json, the PNGs and REPORT.md into ``out``; returns the report's path. ``missing``: per part,
+    the names of its runs not finished."""
     os.makedirs(out, exist_ok=True)
     sc = P.SCALE_TABLE[scale]
-    records = sorted(records, key=lambda r: (list(catalog.DATASETS).index(r["dataset"]), P.ALL_ROWS.index(r["row"]),
+    records = sorted(records, key=lambda r: (dataset_order().index(r["dataset"]), system_order(system_of(r)),
                                              r["seed"]))
-    summary = summarise(records, scale)
+    records, refs = enrich(records, work)
+    summary = summarise(records)
     data = {
         "scale": scale, "command": command,
         "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(U.__file__.rsplit(os.sep, 4)[0]),
-        "summary": summary, "bootstrap": bootstrap(records, work, sc.bootstrap_resamples),
-        "table1": table1(records), "runs": records, "missing": missing,
-        "time": {"runs_s": round(sum(U.run_seconds(r) for r in records), 1), "prepare_s": round(prepare_s, 1),
-                 "invocation_s": round(invocation_s, 1)},
+        "machine": machine(), "plateau_criterion": dict(P.PLATEAU, text=P.PLATEAU_TEXT),
+        "summary": summary, "test_resampling": test_resampling(records, refs, sc.bootstrap_resamples),
+        "significance": significance(records, refs, sc), "pointer_sweep": pointer_sweep(records, scale),
+        "diag_sweep": diag_sweep(summary), "table1": table1(records), "runs": records, "missing": missing,
+        "time": {"runs_s": round(sum(U.run_seconds(r) for r in records), 1),
+                 "runs_cpu_s": round(sum(v or 0 for r in records for v in (r.get("cpu_time_s") or {}).values()), 1),
+                 "prepare_s": round(prepare_s, 1), "invocation_s": round(invocation_s, 1)},
         "figures": [],
     }
     if plots and records:
-        figures = plot_curves(records, out) + [plot_bars(summary, out)]
+        tables = {d: [s for s in summary[d][METRICS[catalog.dataset(d).kind][0]]] for d in summary}
+        figures = plot_curves(records, out, tables, "curves", "token loss (nll) of every system by update")
+        figures += plot_curves(records, out, {d: [s for s in FIGURE45 if s in v] for d, v in tables.items()},
+                               "figure45", "validation token loss (the paper's Figures 4-5 at this scale)",
+                               splits=("valid_nll",))
+        figures += [plot_differences(summary, data["test_resampling"], out), plot_diag_sweep(data["diag_sweep"], out),
+                    plot_pointer_sweep(data["pointer_sweep"], out)]
+        heatmap, data["heatmap"] = plot_heatmap(records, work, out)
+        figures.append(heatmap)
         data["figures"] = [os.path.basename(p) for p in figures if p]
     with atomic_write(os.path.join(out, "results.json")) as f:
-        json.dump(data, f, indent=1)
+        json.dump(data, f, indent=1, default=float)
         f.write("\n")
     path = os.path.join(out, "REPORT.md")
     with atomic_write(path) as f:

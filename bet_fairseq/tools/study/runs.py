@@ -1,7 +1,7 @@
 """One run of the study: fairseq-train, then fairseq-generate (BLEU, sacreBLEU, the detokenised
 hypotheses for the bootstrap) or fairseq-eval-lm (perplexity), then Table 1 for the analysed rows.
 
-Files of a run (``WORK/runs/DATASET/ROW/seedN/``): fairseq's checkpoints, ``train.log``,
+Files of a run (``WORK/runs/DATASET/SYSTEM/seedN/``, SYSTEM the row and its setting, ``plan.Run.system``): fairseq's checkpoints, ``train.log``,
 ``train.done.json`` (fairseq-train finished: a restart must not train one update more from
 checkpoint_last.pt), ``eval.log``, ``hyp.detok.txt``/``ref.detok.txt``, ``table1.json`` and last
 ``run.json``, the completion marker, written atomically (``bet_fairseq/files.py``): a run with it is
@@ -23,7 +23,7 @@ from . import plan as P
 
 
 def run_dir(work, run):
-    return os.path.join(work, "runs", run.dataset, run.row, f"seed{run.seed}")
+    return os.path.join(work, "runs", run.dataset, run.system, f"seed{run.seed}")
 
 
 def arch(run):
@@ -31,10 +31,11 @@ def arch(run):
 
 
 def job(run, scale, bin_dir, save_dir, cpu=True) -> executor.Job:
-    """The dataset's recipe, the scale's overrides for its kind, the row's flags, the seed."""
+    """The dataset's recipe, the scale's overrides for its kind, the row's flags, the run's setting, the seed
+    (and the criterion the output layer needs: ``recipes.for_softmax``)."""
     ds, sc, row = catalog.dataset(run.dataset), P.SCALE_TABLE[scale], catalog.row(run.row)
-    train = recipes.merge(recipes.train_recipe(ds.key), sc.train[ds.kind], row.train_flags.get(ds.kind, {}),
-                          {"--seed": run.seed})
+    train = recipes.for_softmax(recipes.merge(recipes.train_recipe(ds.key), sc.train[ds.kind],
+                                              row.train_flags.get(ds.kind, {}), run.flags, {"--seed": run.seed}))
     ev = recipes.merge(recipes.eval_recipe(ds.key), sc.eval[ds.kind], row.eval_flags.get(ds.kind, {}))
     return executor.Job(arch(run), bin_dir, save_dir, ds, train, ev, cpu=cpu)
 
@@ -106,7 +107,7 @@ def execute(run, scale, work, bin_dir, in_process=False):
             with atomic_write(os.path.join(save, name)) as f:
                 f.writelines(line + "\n" for line in lines)
     analysed = None
-    if run.row in P.ANALYSED and run.seed == 1 and sc.analysis_batches:
+    if run.row in P.ANALYSED and not run.setting and run.seed == 1 and sc.analysis_batches:
         path = os.path.join(save, "table1.json")
         if not os.path.exists(path):
             with quiet_logging():
@@ -114,12 +115,13 @@ def execute(run, scale, work, bin_dir, in_process=False):
             markers.write(path, stats)
         analysed = path
     record = {
-        "dataset": run.dataset, "row": run.row, "row_label": catalog.row(run.row).label, "seed": run.seed,
+        "dataset": run.dataset, "row": run.row, "setting": run.setting, "system": run.system,
+        "row_label": P.system_label(run.row, run.setting), "seed": run.seed,
         "arch": arch(run), "scale": scale, "metric": ds.metric, "value": scored["value"], **metrics,
         "num_updates": timing.get("num_updates"), "resumed": timing.get("resumed"),
         "wall_time_s": {"train": timing["train_wall_s"], "eval": scored["eval_wall_s"]},
         "cpu_time_s": {"train": timing.get("train_cpu_s"), "eval": scored["eval_cpu_s"]},
-        "in_process": bool(in_process), "table1": analysed, "command": settings,
+        "in_process": bool(in_process), "table1": analysed, "command": settings, "code": code_commit(),
         "dir": save, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return markers.write(marker, record, settings), False
@@ -131,6 +133,21 @@ def _forget_training(save):
         if name.startswith("checkpoint") and name.endswith(".pt") or name in ("train.log", "train.done.json",
                                                                                "train.started.json"):
             os.remove(os.path.join(save, name))
+
+
+def code_commit(root=None):
+    """The git commit of the code running the study (with "+ uncommitted changes" when it differs), or None."""
+    import subprocess
+
+    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (commit + (" + uncommitted changes" if dirty else "")) if commit else None
 
 
 def run_seconds(record):

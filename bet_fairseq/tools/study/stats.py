@@ -1,17 +1,24 @@
-"""Statistics of the study: Student-t confidence intervals over seeds, differences paired by seed,
-sentence-level BLEU sufficient statistics and a paired bootstrap resampling test (Koehn 2004).
+"""Statistics of the study: Student-t confidence intervals over seeds, differences paired by seed with their
+two-sided p-values and Holm's correction across the rows compared with one baseline; sacreBLEU's own paired
+tests (``sacrebleu.significance``: paired bootstrap and approximate randomisation, both two-sided) for one
+pair of models; a test-set resampling interval of a difference averaged over seeds; the plateau criterion
+of a validation curve.
 
-Pure Python plus numpy (the bootstrap) and sacreBLEU (its 13a tokeniser and its score formula), so
-that the report needs no scipy: the t quantile is computed from the closed-form t distribution of an
-integer number of degrees of freedom (Abramowitz & Stegun 26.7.3-4).
+Two intervals answer two questions. The seed interval (Student t over the seed-paired differences) is how
+much a difference moves when the models are trained again with other seeds, on the same test set. The
+test-resampling interval (paired bootstrap over test sentences, the same draw for every seed's pair) is how
+much the seed-averaged difference moves when the test sentences are drawn again, with the models fixed.
+
+Pure Python plus numpy and sacreBLEU, so that the report needs no scipy: the t distribution is computed
+in closed form for an integer number of degrees of freedom (Abramowitz & Stegun 26.7.3-4).
 """
 
 import math
 from collections import Counter
 from typing import Dict, List, Optional, Sequence
 
-__all__ = ["t_quantile", "mean_ci", "paired_difference", "resolved", "bleu_statistics", "bleu_from_statistics",
-           "paired_bootstrap"]
+__all__ = ["t_quantile", "t_two_sided_p", "mean_ci", "paired_difference", "resolved", "holm", "plateau",
+           "bleu_statistics", "bleu_from_statistics", "seed_averaged_bootstrap", "sacrebleu_paired_tests"]
 
 
 def _t_central(t: float, df: int) -> float:
@@ -44,6 +51,11 @@ def t_quantile(q: float, df: int) -> float:
     return (lo + hi) / 2
 
 
+def t_two_sided_p(t: float, df: int) -> float:
+    """P(|T| >= |t|) for Student's t with an integer ``df`` >= 1."""
+    return max(0.0, 1.0 - _t_central(abs(t), int(df)))
+
+
 def mean_ci(values: Sequence[float], level: float = 0.95) -> Dict[str, Optional[float]]:
     """Mean, sample standard deviation and the half-width of the two-sided Student-t interval
     ``mean +- t_{(1+level)/2, n-1} * sd / sqrt(n)`` (None for fewer than two values)."""
@@ -63,7 +75,45 @@ def paired_difference(values: Dict[int, float], baseline: Dict[int, float], leve
     seeds = sorted(set(values) & set(baseline))
     out = mean_ci([values[s] - baseline[s] for s in seeds], level)
     out["seeds"] = seeds
+    out["p"] = None  # two-sided paired t-test of "no difference"
+    if out["n"] >= 2:
+        if out["sd"] > 0:
+            out["p"] = t_two_sided_p(out["mean"] / (out["sd"] / math.sqrt(out["n"])), out["n"] - 1)
+        else:
+            out["p"] = 1.0 if out["mean"] == 0 else 0.0
     return out
+
+
+def holm(pvalues: Dict[str, float]) -> Dict[str, float]:
+    """Holm's step-down adjusted p-values of a family of tests (each against the same baseline): the i-th
+    smallest of m p-values becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``; reject where adjusted < alpha."""
+    order = sorted(pvalues, key=lambda k: pvalues[k])
+    m, running, out = len(order), 0.0, {}
+    for j, key in enumerate(order):
+        running = max(running, min(1.0, (m - j) * pvalues[key]))
+        out[key] = running
+    return out
+
+
+def plateau(points: Sequence[Sequence[float]], share: float, max_drop: float) -> Optional[Dict]:
+    """Whether a validation curve is past its steepest learning: the last ``share`` of the updates lower the
+    loss by less than ``max_drop`` of its final value.
+
+    ``points``: (update, validation loss) in update order; the loss at ``(1 - share) * last update`` is the last
+    point at or before it. Returns None with fewer than two points before the end."""
+    pts = sorted((int(u), float(v)) for u, v in points)
+    if len(pts) < 2:
+        return None
+    end_update, end = pts[-1]
+    cut = (1 - share) * end_update
+    before = [p for p in pts if p[0] <= cut + 1e-9]
+    if not before:
+        return None
+    start_update, start = before[-1]
+    drop = start - end
+    relative = drop / end if end else float("inf")
+    return {"from_update": start_update, "to_update": end_update, "from": start, "to": end, "drop": drop,
+            "relative_drop": relative, "met": relative < max_drop, "share": share, "max_drop": max_drop}
 
 
 def resolved(ci: Dict) -> Optional[bool]:
@@ -78,9 +128,10 @@ def resolved(ci: Dict) -> Optional[bool]:
 MAX_ORDER = 4
 
 
-def bleu_statistics(hypotheses: Sequence[str], references: Sequence[str]) -> List[List[int]]:
-    """Per sentence ``[hyp_len, ref_len, correct_1..4, total_1..4]`` on sacreBLEU's 13a tokens: the
-    sufficient statistics whose column sums give corpus BLEU (``bleu_from_statistics``)."""
+def bleu_statistics(hypotheses: Sequence[str], references: Sequence[str], lowercase: bool = False) -> List[List[int]]:
+    """Per sentence ``[hyp_len, ref_len, correct_1..4, total_1..4]`` on sacreBLEU's 13a tokens (of the
+    lowercased text with ``lowercase``, as sacreBLEU's ``-lc``): the sufficient statistics whose column sums
+    give corpus BLEU (``bleu_from_statistics``)."""
     from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
     if len(hypotheses) != len(references):
@@ -88,6 +139,8 @@ def bleu_statistics(hypotheses: Sequence[str], references: Sequence[str]) -> Lis
     tok = Tokenizer13a()
     rows = []
     for hyp, ref in zip(hypotheses, references):
+        if lowercase:
+            hyp, ref = hyp.lower(), ref.lower()
         h, r = tok(hyp.strip()).split(), tok(ref.strip()).split()
         correct, total = [], []
         for n in range(1, MAX_ORDER + 1):
@@ -107,35 +160,63 @@ def bleu_from_statistics(column_sums: Sequence[float]) -> float:
     return BLEU.compute_bleu(s[2:2 + MAX_ORDER], s[2 + MAX_ORDER:], s[0], s[1], smooth_method="exp").score
 
 
-def paired_bootstrap(stats_a, stats_b, score=bleu_from_statistics, resamples: int = 1000, seed: int = 12345,
-                     level: float = 0.95) -> Dict:
-    """Paired bootstrap resampling of a test set (Koehn 2004): ``resamples`` times, draw as many sentences
-    as the set has, with replacement, the same draw for both systems, and score both on it.
+def seed_averaged_bootstrap(pairs, score=bleu_from_statistics, resamples: int = 1000, seed: int = 12345,
+                            level: float = 0.95) -> Dict:
+    """The test-resampling interval of a difference averaged over seeds: ``resamples`` times, draw as many test
+    sentences as the set has, with replacement, the same draw for every pair, and average ``score(B) - score(A)``
+    over the pairs (Koehn 2004's paired bootstrap, over the seeds' pairs at once).
 
-    ``stats_a``/``stats_b``: one row of sufficient statistics per sentence (``bleu_statistics``); ``score``
-    maps a column sum to the metric. Returns the observed ``delta`` (B - A on the whole set), the
-    percentile interval of the resampled deltas and ``p``: the share of resamples whose delta does not
-    have the observed sign (1.0 when the observed delta is 0), the one-sided p-value of "B differs from
-    A in the observed direction"."""
+    ``pairs``: per seed, (A's, B's) sufficient statistics, one row per sentence (``bleu_statistics``). Returns the
+    observed mean difference and the percentile interval of the resampled ones."""
     import numpy as np
 
-    a, b = np.asarray(stats_a, dtype=np.float64), np.asarray(stats_b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 2 or len(a) == 0:
-        raise ValueError(f"paired_bootstrap needs two equal (sentences, statistics) arrays, got {a.shape}, {b.shape}")
+    arrays = [(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)) for a, b in pairs]
+    if not arrays or any(a.shape != b.shape or a.ndim != 2 or len(a) == 0 or a.shape != arrays[0][0].shape
+                         for a, b in arrays):
+        raise ValueError("seed_averaged_bootstrap needs pairs of equal (sentences, statistics) arrays")
     rng = np.random.default_rng(seed)
-    n = len(a)
+    n = len(arrays[0][0])
     deltas = np.empty(resamples)
     for i in range(resamples):
         idx = rng.integers(0, n, n)
-        deltas[i] = score(b[idx].sum(0)) - score(a[idx].sum(0))
-    observed = score(b.sum(0)) - score(a.sum(0))
-    if observed > 0:
-        p = float(np.mean(deltas <= 0))
-    elif observed < 0:
-        p = float(np.mean(deltas >= 0))
-    else:
-        p = 1.0
+        deltas[i] = np.mean([score(b[idx].sum(0)) - score(a[idx].sum(0)) for a, b in arrays])
+    observed = float(np.mean([score(b.sum(0)) - score(a.sum(0)) for a, b in arrays]))
     tail = (1 - level) / 2 * 100
     lo, hi = np.percentile(deltas, [tail, 100 - tail])
-    return {"a": score(a.sum(0)), "b": score(b.sum(0)), "delta": observed, "ci": [float(lo), float(hi)], "p": p,
-            "resamples": resamples, "seed": seed, "sentences": n}
+    return {"delta": observed, "ci": [float(lo), float(hi)], "resamples": resamples, "seed": seed,
+            "sentences": n, "pairs": len(arrays)}
+
+
+def sacrebleu_metric():
+    """sacreBLEU's BLEU as the study scores it: lowercased (the models are trained on lowercased text), 13a."""
+    from sacrebleu.metrics import BLEU
+
+    return BLEU(lowercase=True)
+
+
+def sacrebleu_paired_tests(baseline: Sequence[str], systems: Dict[str, Sequence[str]], references: Sequence[str],
+                           bootstrap_resamples: int = 1000, ar_trials: int = 10000) -> Dict:
+    """sacreBLEU's own paired tests (``sacrebleu.significance.PairedTest``) of each system against ``baseline``
+    on one test set: the paired bootstrap (Koehn 2004, as Moses' script) and approximate randomisation
+    (Riezler and Maxwell 2005); both p-values are two-sided (sacreBLEU tests the absolute difference).
+    Returns {"signatures": {test: signature}, "systems": {name: {score, baseline, bs_p, ar_p, bs_ci}}}."""
+    import logging
+
+    from sacrebleu.significance import PairedTest
+
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # it logs every step at INFO
+    named = [("baseline", list(baseline))] + [(name, list(h)) for name, h in systems.items()]
+    out = {"signatures": {}, "systems": {name: {} for name in systems}}
+    for test, n in (("bs", bootstrap_resamples), ("ar", ar_trials)):
+        signatures, scores = PairedTest(named, {"BLEU": sacrebleu_metric()}, [list(references)], test_type=test,
+                                        n_samples=n)()
+        (metric,) = [k for k in scores if k != "System"]
+        out["signatures"][test] = str(signatures[metric])
+        base = scores[metric][0]
+        for name, result in zip(scores["System"][1:], scores[metric][1:]):
+            entry = out["systems"][name]
+            entry.update(score=result.score, baseline=base.score, delta=result.score - base.score)
+            entry[f"{test}_p"] = result.p_value
+            if test == "bs":
+                entry["bs_mean"], entry["bs_ci"] = result.mean, result.ci
+    return out
