@@ -99,7 +99,7 @@ def describe(args, runs, work):
               + ", ".join(f"{k} x{n}" for k, n in systems.items()))
     others = [r for r in runs if r not in counted]
     if others:
-        print(f"  rows outside the parts: " + ", ".join(r.name for r in others))
+        print("  rows outside the parts: " + ", ".join(r.name for r in others))
     total = P.expected_seconds(args.scale, runs, args.jobs)
     rest = P.expected_seconds(args.scale, left, args.jobs, prepare=bool(left))
     unit = "GPU-hours" if sc.device == "gpu" else "hours"
