@@ -20,12 +20,12 @@ from fairseq.criterions.adaptive_loss import AdaptiveLoss, AdaptiveLossConfig
 from fairseq.logging import metrics
 
 from ..attention.capture import capture_attention
-from ..syntax_hint_batch import HINT_PAD, SYNTAX_HINTS
+from ..syntax_hint_batch import SYNTAX_HINTS
 from .label_smoothed_cross_entropy_with_pointer import (
     PointerLossOptions,
+    add_pointer_loss,
     check_pointer_options,
     pointer_attention_modules,
-    pointer_loss,
 )
 
 
@@ -55,11 +55,7 @@ class AdaptiveLossWithPointer(AdaptiveLoss):
             log_attentions = [layer.log_probs for layer in captured.layers()]
         logging_output["nll_loss"] = loss.data
         if hints is not None:
-            p_loss = pointer_loss(log_attentions, hints, self.pointer_heads)
-            loss = loss + self.pointer_lambda * p_loss
-            logging_output["loss"] = loss.data
-            logging_output["pointer_loss"] = p_loss.data
-            logging_output["pointer_ntokens"] = int(hints.ne(HINT_PAD).sum())
+            loss = add_pointer_loss(loss, logging_output, log_attentions, hints, self.pointer_lambda, self.pointer_heads)
         return loss, sample_size, logging_output
 
     @staticmethod

@@ -121,6 +121,17 @@ def pointer_attention_modules(model):
     return modules
 
 
+def add_pointer_loss(loss, logging_output, log_attentions, hints, pointer_lambda, pointer_heads):
+    """``loss + lambda_p * L_p``, with ``loss``, ``pointer_loss`` and ``pointer_ntokens`` logged (both pointer
+    criteria)."""
+    p_loss = pointer_loss(log_attentions, hints, pointer_heads)
+    loss = loss + pointer_lambda * p_loss
+    logging_output["loss"] = loss.data
+    logging_output["pointer_loss"] = p_loss.data
+    logging_output["pointer_ntokens"] = int(hints.ne(HINT_PAD).sum())
+    return loss
+
+
 def check_pointer_options(pointer_lambda, pointer_heads):
     if not math.isfinite(pointer_lambda) or pointer_lambda < 0:
         raise InputError(f"--pointer-lambda must be a finite number >= 0, got {pointer_lambda}")
@@ -162,11 +173,7 @@ class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCri
             "sample_size": sample_size,
         }
         if hints is not None:
-            p_loss = pointer_loss(log_attentions, hints, self.pointer_heads)
-            loss = loss + self.pointer_lambda * p_loss
-            logging_output["loss"] = loss.data
-            logging_output["pointer_loss"] = p_loss.data
-            logging_output["pointer_ntokens"] = int(hints.ne(HINT_PAD).sum())
+            loss = add_pointer_loss(loss, logging_output, log_attentions, hints, self.pointer_lambda, self.pointer_heads)
         if self.report_accuracy:
             n_correct, total = self.compute_accuracy(model, net_output, sample)
             logging_output["n_correct"] = utils.item(n_correct.data)

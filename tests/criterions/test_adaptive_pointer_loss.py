@@ -12,7 +12,7 @@ from cli_utils import build_model, toy_dictionaries
 
 from bet_fairseq import catalog, recipes
 from bet_fairseq.criterions.adaptive_loss_with_pointer import AdaptiveLossWithPointer
-from bet_fairseq.models.decoder import self_attention_modules
+from bet_fairseq.attention.capture import decoder_self_attentions
 from fairseq.criterions.adaptive_loss import AdaptiveLoss
 
 
@@ -67,7 +67,7 @@ def test_pointer_term_matches_a_loop_over_captured_attention(built, heads):
     sample = make_sample(task)
     lam = 0.3
     loss, _, log = AdaptiveLossWithPointer(task, False, lam, heads)(model, sample)
-    modules = self_attention_modules(model)
+    modules = decoder_self_attentions(model)
     assert all(not m.capture_attention and m.captured_attention is None for m in modules)  # off again
     for m in modules:
         m.capture_attention = True
