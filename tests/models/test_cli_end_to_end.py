@@ -169,9 +169,9 @@ def messages(error):
 @pytest.mark.parametrize("argv, message", [
     (["--arch", "vanilla_iwslt", "--self-attn-mode", "bogus"],
      "--self-attn-mode: unknown variant 'bogus'; choose one of bet_sf, diag_free, diag_scale, hopfield"),
-    (["--arch", "vanilla_iwslt", "--self-attn-mode", "diag_scale", "--diag-scale", "0"],
-     "--diag-scale must be a finite number > 0"),
-    (["--arch", "reduced_diag_iwslt", "--diag-scale", "-2"], "--diag-scale must be a finite number > 0"),
+    (["--arch", "vanilla_iwslt", "--self-attn-mode", "diag_scale", "--diag-scale", "nan"],
+     "--diag-scale must be a finite number >= 0"),
+    (["--arch", "reduced_diag_iwslt", "--diag-scale", "-2"], "--diag-scale must be a finite number >= 0"),
     (["--arch", "diag_scale_iwslt"], "--arch diag_scale_iwslt needs --diag-scale C"),
     (["--arch", "hopfield_iwslt", "--hopfield-beta", "0"], "--hopfield-beta must be a finite number > 0"),
     (["--arch", "sparse_topk_iwslt", "--sparse-topk", "0"], "--sparse-topk must be a whole number >= 1"),
@@ -181,7 +181,7 @@ def messages(error):
      "--routing-heads must be an integer between 0 and the number of heads (4)"),
     (["--arch", "bet_sf_iwslt", "--self-attn-baseline", "hopfield"],
      "--self-attn-baseline hopfield and --self-attn-mode bet_sf disagree"),
-], ids=["unknown_mode", "diag_scale_0", "diag_scale_negative", "diag_scale_missing", "hopfield_beta", "sparse_topk",
+], ids=["unknown_mode", "diag_scale_nan", "diag_scale_negative", "diag_scale_missing", "hopfield_beta", "sparse_topk",
         "option_of_another_variant", "routing_heads", "legacy_option_disagrees"])
 def test_bad_options_are_clear_errors(mt_data, tmp_path, argv, message):
     """InputErrors: one line and exit status 2 at the top of the command (tests/compat/test_one_line_errors.py)."""
