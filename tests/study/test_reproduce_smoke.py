@@ -96,6 +96,7 @@ def test_second_invocation_redoes_nothing(study, capsys):
     # a run stopped after its training (no run.json yet) is evaluated again, not trained again
     stopped = runs / "wikitext2" / "bet_sf" / "seed2"
     (stopped / "run.json").unlink()
+    (root / "out" / "runs" / "wikitext2" / "bet_sf" / "seed2" / "run.json").unlink()  # not kept yet either
     assert main(argv + ["--part", "lm", "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "wikitext2/bet_sf/seed2: ppl" in out and out.count("already done") == len(P.plan("smoke", parts=["lm"])) - 1
@@ -109,6 +110,7 @@ def test_report_only_on_a_partly_finished_study(study, tmp_path):
     root, argv, _ = study
     work = tmp_path / "work"
     shutil.copytree(root / "work", work, ignore=shutil.ignore_patterns("*.pt"))
+    (work / "runs" / "multi30k" / "vanilla" / "seed1" / "attention.json").unlink()  # the heatmap's, kept by the run
     for run in P.plan("smoke", parts=["lm"]) + P.plan("smoke", parts=["pointer"])[:2]:
         shutil.rmtree(work / "runs" / run.dataset / run.system / f"seed{run.seed}", ignore_errors=True)
     out = tmp_path / "out"
@@ -118,4 +120,38 @@ def test_report_only_on_a_partly_finished_study(study, tmp_path):
     assert not data["pointer_sweep"]["complete"] and "chosen" not in data["pointer_sweep"]
     report = (out / "REPORT.md").read_text()
     assert "Part `lm`:" in report and "sweep is not complete" in report
-    assert "attention_heatmap.png" not in report  # no checkpoints copied: no heatmap, and no failure
+    assert "attention_heatmap.png" not in report  # neither its attention.json nor checkpoints: no heatmap, no failure
+
+
+def test_archive_carries_the_study_to_a_new_work_folder(study, tmp_path, capsys):
+    """The finished runs kept in OUT/runs (committed with a report) are put back into a new work folder: nothing
+    is trained again, the report is the same, the heatmap comes without checkpoints; a damaged record is named
+    and its run done again."""
+    root, argv, _ = study
+    kept = root / "out" / "runs"
+    files = [p for p in kept.rglob("*") if p.is_file()]
+    n = len(P.plan("smoke"))
+    assert len([p for p in files if p.name == "run.json"]) == n
+    assert not any(p.suffix == ".pt" or p.name == "ref.detok.txt" for p in files)  # no checkpoints, no corpus text
+    assert not any(str(root) in p.read_text() for p in files)  # this machine's folders are placeholders
+    out, work = tmp_path / "out", tmp_path / "work"
+    shutil.copytree(kept, out / "runs")
+    damaged = out / "runs" / "multi30k" / "diagfree" / "seed2" / "run.json"
+    damaged.write_text(damaged.read_text().replace('"seed": 2', '"seed": 3'))
+    data_dir = argv[argv.index("--data-dir") + 1]
+    capsys.readouterr()
+    assert main(["--scale", "smoke", "--data-dir", data_dir, "--work-dir", str(work), "--out", str(out),
+                 "--in-process"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{damaged} is damaged" in printed
+    assert f"[archive] {n - 1} finished runs put back" in printed
+    assert "multi30k/diagfree/seed2: BLEU" in printed and printed.count("already done") == n - 1
+    trained = {p.parent.name + "/" + p.parent.parent.name for p in work.glob("runs/*/*/seed*/checkpoint_best.pt")}
+    assert trained == {"seed2/diagfree"}
+    before = json.loads((root / "out" / "results.json").read_text())
+    after = json.loads((out / "results.json").read_text())
+    values = lambda d: {(r["dataset"], r["system"], r["seed"]): (r["value"], r.get("sacrebleu_raw"))
+                        for r in d["runs"] if (r["system"], r["seed"]) != ("diagfree", 2)}
+    assert values(after) == values(before)
+    assert after["heatmap"] == before["heatmap"] and "attention_heatmap.png" in after["figures"]
+    assert json.loads(damaged.read_text())["seed"] == 2  # the run done again is kept again

@@ -11,6 +11,9 @@ lambda_p sweep) and its report.
 Runs already finished in --work-dir are never redone; an interrupted run resumes from its
 checkpoint_last.pt. Ctrl-C leaves every file consistent: run the same command again to go on.
 The report (REPORT.md, results.json, PNGs) is written to --out after the runs, from every finished run.
+Each finished run is also kept in OUT/runs (its record, logs and test hypotheses; no checkpoints): committed
+with the report, it lets the study go on in another work folder or on another machine, where those runs are
+put back and count as finished.
 """
 
 import argparse
@@ -77,12 +80,13 @@ def check_options(args):
         raise ValueError("--run goes with --scale paper (the other scales run without it)")
 
 
-def describe(args, runs, work):
+def describe(args, runs, work, out):
+    from . import archive
     from . import runs as U
 
     sc = P.SCALE_TABLE[args.scale]
-    done = [r for r in runs if U.done(work, r)]
-    left = [r for r in runs if not U.done(work, r)]
+    done = [r for r in runs if U.done(work, r) or archive.holds(out, r)]
+    left = [r for r in runs if r not in done]
     print(f"bet-reproduce --scale {args.scale}: {sc.description}")
     counted = []
     for part in args.part or P.PARTS:
@@ -110,7 +114,8 @@ def describe(args, runs, work):
     return left
 
 
-def _prepare_data(args, runs, work):
+def _prepare_data(args, runs, work, hints=True):
+    """Prepare the datasets of ``runs`` (with BET(SG)'s hints where a run needs them and ``hints``)."""
     from . import data
 
     sc = P.SCALE_TABLE[args.scale]
@@ -121,10 +126,10 @@ def _prepare_data(args, runs, work):
             record = json.load(f)
     bins = {}
     for d in sorted({r.dataset for r in runs}, key=list(catalog.DATASETS).index):
-        hints = any(catalog.row(r.row).needs_syntax_hints for r in runs if r.dataset == d)
+        with_hints = hints and any(catalog.row(r.row).needs_syntax_hints for r in runs if r.dataset == d)
         start = time.time()
         print(f"[data] {catalog.dataset(d).label}: preparing in {work}", flush=True)
-        bins[d] = data.prepare(d, work, args.data_dir, sc.data[catalog.dataset(d).kind], hints=hints)
+        bins[d] = data.prepare(d, work, args.data_dir, sc.data[catalog.dataset(d).kind], hints=with_hints)
         took = time.time() - start
         record[d] = round(record.get(d, 0.0) + took, 1)
         print(f"[data] {catalog.dataset(d).label}: {bins[d]} ({took:.0f} s)", flush=True)
@@ -134,8 +139,10 @@ def _prepare_data(args, runs, work):
     return bins, sum(record.values())
 
 
-def execute(args, runs, work, bins):
-    """Run what is left, ``args.jobs`` at a time, one progress line per run. Returns the failures."""
+def execute(args, runs, work, bins, out):
+    """Run what is left, ``args.jobs`` at a time, one progress line per run, each finished run kept in ``out``'s
+    archive at once. Returns the failures."""
+    from . import archive
     from . import runs as U
 
     sc = P.SCALE_TABLE[args.scale]
@@ -180,6 +187,7 @@ def execute(args, runs, work, bins):
             failures.append(str(exc))
             report(run, None, False, exc)
             return
+        archive.save(work, out, run)
         report(run, record, skipped)
 
     if args.jobs == 1:
@@ -221,7 +229,7 @@ def main(argv=None):
         parser.error(str(exc))
     work = os.path.abspath(args.work_dir or os.path.join("work-dirs", "reproduce", args.scale))
     out = os.path.abspath(args.out or default_out(args.scale, work))
-    left = describe(args, runs, work)
+    left = describe(args, runs, work, out)
     if args.dry_run or (args.scale == "paper" and not args.run and not args.report_only):
         from . import runs as U
 
@@ -240,16 +248,26 @@ def main(argv=None):
     except InputError as exc:
         print(one_line("bet-reproduce", exc), file=sys.stderr)
         return 2
-    from . import report
+    from . import archive, data, report
     from . import runs as U
 
+    everything = P.plan(args.scale)
+    restored = archive.restore(out, work, everything)
+    if restored:
+        print(f"[archive] {len(restored)} finished runs put back from {archive.folder(out)} into {work}", flush=True)
+    left = [r for r in left if not U.done(work, r)]
     command = "bet-reproduce " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     failures = []
     prepare_s = 0.0
     try:
         if left and not args.report_only:
             bins, prepare_s = _prepare_data(args, runs, work)
-            failures = execute(args, runs, work, bins)
+            failures = execute(args, runs, work, bins, out)
+        elif args.data_dir and restored and not os.path.exists(data.raw_references(work)) \
+                and any(catalog.dataset(r.dataset).kind == "mt" for r in everything if U.done(work, r)):
+            # runs put back from the archive into a new work folder: the report scores their hypotheses
+            # against the raw test references, which come with the prepared data
+            _, prepare_s = _prepare_data(args, [r for r in everything if U.done(work, r)], work, hints=False)
         elif os.path.exists(os.path.join(work, "prepare.json")):
             with open(os.path.join(work, "prepare.json"), encoding="utf-8") as f:
                 prepare_s = sum(json.load(f).values())
@@ -257,12 +275,16 @@ def main(argv=None):
         print("\nbet-reproduce: interrupted. Finished runs are kept and an unfinished one resumes from its "
               "checkpoint_last.pt: run the same command again.", file=sys.stderr, flush=True)
         return 130
-    # the report covers the whole study of the scale, whichever part this invocation ran
-    everything = P.plan(args.scale)
+    # the report covers the whole study of the scale, whichever part this invocation ran (and its archive keeps
+    # every finished run, those made by an earlier invocation or an older version of this code included)
+    for run in everything:
+        archive.save(work, out, run)
     records = [rec for rec in (U.load(work, r) for r in everything) if rec is not None]
     missing = {part: [r.name for r in P.plan(args.scale, parts=[part]) if not U.done(work, r)] for part in P.PARTS}
     path = report.write(out, args.scale, records, work, command, prepare_s, time.time() - started, missing,
                         plots=not args.no_plots)
+    for run in everything:  # the report may have added a file to a run (the heatmap's attention.json)
+        archive.save(work, out, run)
     print(f"report: {path} ({len(records)} of {len(everything)} runs of the study)", flush=True)
     if failures:
         print("bet-reproduce: failed runs:\n  " + "\n  ".join(failures), file=sys.stderr)

@@ -18,6 +18,7 @@ import sys
 
 from bet_fairseq import catalog
 from bet_fairseq.files import atomic_write
+from . import archive
 from . import plan as P
 from . import runs as U
 from . import stats as S
@@ -469,37 +470,63 @@ def plot_pointer_sweep(sweep, out):
     return save_png(fig, os.path.join(out, "pointer_sweep.png"))
 
 
-def plot_heatmap(records, work, out):
-    """Decoder self-attention of one validation sentence (mean over heads, every layer): the Transformer's A,
-    BET(SF)'s first pass A and its final A', seed 1 of each (their checkpoint_best.pt)."""
+def heatmap_attention(records, work):
+    """Per analysed row (seed 1 on Multi30k), the decoder self-attention of one validation sentence, mean over
+    heads, every layer: ``{"tokens", "index", "final", "first_pass"}``. Read from the run's ``attention.json``
+    (kept with the archived run), else computed from its checkpoint_best.pt and kept there; None when a row has
+    neither."""
+    found = {r["row"]: r for r in records if r["dataset"] == "multi30k" and r["system"] in P.ANALYSED and r["seed"] == 1}
+    if set(found) != set(P.ANALYSED):
+        return None
+    attention = {row: archive.read_attention(found[row]["dir"]) for row in P.ANALYSED}
+    if any(a is None and not os.path.exists(os.path.join(found[row]["dir"], "checkpoint_best.pt"))
+           for row, a in attention.items()):
+        return None
+    kept = [a for a in attention.values() if a is not None]
+    if len(kept) == len(attention) and len({a["index"] for a in kept}) == 1:
+        return attention
     import torch
 
+    from bet_fairseq.tools import markers
     from ..analysis.loading import load_checkpoint, load_split, sample_from_index
-    from ..analysis.plots import heatmap_grid
     from ..analysis.topk import sentence_attention
 
-    found = {r["row"]: r for r in records if r["dataset"] == "multi30k" and r["system"] in P.ANALYSED and r["seed"] == 1}
-    if set(found) != set(P.ANALYSED) or not all(os.path.exists(os.path.join(r["dir"], "checkpoint_best.pt"))
-                                                for r in found.values()):
-        return None, None
     data = os.path.join(work, "multi30k", "data-bin")
-    attention, tokens, index = {}, None, None
+    index = kept[0]["index"] if kept else None
     with U.quiet_logging(), torch.no_grad():
         for row in P.ANALYSED:
+            if attention[row] is not None and attention[row]["index"] == index:
+                continue
             loaded = load_checkpoint(os.path.join(found[row]["dir"], "checkpoint_best.pt"), data, cpu=True)
             if index is None:
                 sizes = load_split(loaded, "valid").tgt_sizes
                 index = next((i for i, n in enumerate(sizes) if 8 <= n <= 12), 0)
             att = sentence_attention(loaded, sample_from_index(loaded, "valid", index))
-            attention[row], tokens = att, att["input"]
-    layers = len(attention[P.BASELINE]["final"])
-    grid = [[(f"Transformer A, layer {i + 1}", attention["vanilla"]["final"][i].mean(0)),
-             (f"BET(SF) first pass A, layer {i + 1}", attention["bet_sf"]["first_pass"][i].mean(0)),
-             (f"BET(SF) final A', layer {i + 1}", attention["bet_sf"]["final"][i].mean(0))] for i in range(layers)]
+            head_mean = {k: None if att[k] is None else [[[round(float(x), 5) for x in q] for q in m.mean(0)]
+                                                         for m in att[k]] for k in ("final", "first_pass")}
+            attention[row] = markers.write(archive.attention_path(found[row]["dir"]),
+                                           {"split": "valid", "index": index, "tokens": att["input"], **head_mean})
+    return attention
+
+
+def plot_heatmap(records, work, out):
+    """The Transformer's A, BET(SF)'s first pass A and its final A' of one validation sentence (mean over heads,
+    every decoder layer), seed 1 of each; (path, what it shows) or (None, None) when their attention is absent."""
+    import numpy as np
+
+    from ..analysis.plots import heatmap_grid
+
+    attention = heatmap_attention(records, work)
+    if attention is None:
+        return None, None
+    base, bet = attention[P.BASELINE], attention[P.HEADLINE]
+    grid = [[(f"Transformer A, layer {i + 1}", np.array(base["final"][i])),
+             (f"BET(SF) first pass A, layer {i + 1}", np.array(bet["first_pass"][i])),
+             (f"BET(SF) final A', layer {i + 1}", np.array(bet["final"][i]))] for i in range(len(base["final"]))]
     path = os.path.join(out, "attention_heatmap.png")
-    heatmap_grid(grid, tokens, path, f"Multi30k validation sentence {index}, mean over heads, seed 1 (rows: queries, "
-                                      "columns: keys; weights 0-1)")
-    return path, {"split": "valid", "index": index, "tokens": tokens}
+    heatmap_grid(grid, base["tokens"], path, f"Multi30k validation sentence {base['index']}, mean over heads, seed 1 "
+                                             "(rows: queries, columns: keys; weights 0-1)")
+    return path, {"split": "valid", "index": base["index"], "tokens": base["tokens"]}
 
 
 # ----------------------------------------------------------------------------- Markdown
@@ -725,7 +752,10 @@ def markdown(data):
                  f"{'yes' if r.get('resumed') else 'no'} |")
     codes = sorted({r.get("code") or "unknown" for r in records})
     L += ["", "Commands: `results.json` holds each run's fairseq-train and evaluation command lines. Runs made by "
-          f"the code at: {', '.join(codes) if codes else '-'}.", ""]
+          f"the code at: {', '.join(codes) if codes else '-'}.", "",
+          "Each finished run's record, training log, test hypotheses and Table 1 are kept in `runs/` beside this "
+          "report (no checkpoints, no corpus text): `bet-reproduce --out` this folder, with any `--work-dir`, puts "
+          "them back and trains only the runs still missing.", ""]
     L += ["## Machine, versions, time", ""]
     L.append(f"- machine: {m.get('processor')}, {m.get('cpus')} CPUs, GPU: {m.get('gpu') or 'none'}; {m.get('platform')}")
     L.append(f"- versions: Python {m.get('python')}, torch {m.get('torch')}, fairseq {m.get('fairseq')}, "

@@ -93,7 +93,7 @@ def execute(run, scale, work, bin_dir, in_process=False):
     if timing is None:
         if os.path.exists(trained) or markers.problem(started, train_settings) is not None:
             _say(f"{run.name}: training again from scratch")
-            _forget_training(save)
+            forget_training(save)
         markers.write(started, {}, train_settings)  # an interrupted training resumes only with these settings
         timing = markers.write(trained, executor.train(the_job, in_process), train_settings)
     scored = executor.evaluate(the_job, in_process)
@@ -127,7 +127,7 @@ def execute(run, scale, work, bin_dir, in_process=False):
     return markers.write(marker, record, settings), False
 
 
-def _forget_training(save):
+def forget_training(save):
     """Remove a run's checkpoints and training log (its training settings changed or its marker is damaged)."""
     for name in os.listdir(save):
         if name.startswith("checkpoint") and name.endswith(".pt") or name in ("train.log", "train.done.json",
