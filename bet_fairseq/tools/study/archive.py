@@ -9,8 +9,9 @@ The test references are not kept (they are the corpus's own text): the report re
 data, as it does for the runs made in place.
 """
 
+import json
 import os
-import sys
+import shlex
 from typing import Dict, List, Optional
 
 import bet_fairseq
@@ -28,23 +29,30 @@ def folder(out: str) -> str:
     return os.path.join(out, "runs")
 
 
-def places(work: str) -> Dict[str, str]:
-    """Placeholder -> this machine's folder, for the folders a run's files name: the work folder, the plugin
-    (``--user-dir``) and the interpreter's scripts (fairseq's commands)."""
-    return {"{work}": os.path.abspath(work), "{user_dir}": bet_fairseq.user_dir(),
-            "{bin}": os.path.dirname(sys.executable)}
+def places(work: str, train_command: Optional[str] = None) -> Dict[str, str]:
+    """Placeholder -> folder, for the folders a run's files name: the work folder, the plugin (``--user-dir``)
+    and the folder of fairseq's commands; those of ``train_command`` (a kept run's, which another checkout or
+    interpreter may have made), else those this code's commands would use."""
+    from bet_fairseq.tools.executor import fairseq_command
+
+    user_dir, tool = bet_fairseq.user_dir(), fairseq_command("fairseq-train")[0]
+    if train_command:
+        argv = shlex.split(train_command)
+        tool = argv[0]
+        if "--user-dir" in argv[:-1]:
+            user_dir = argv[argv.index("--user-dir") + 1]
+    return {"{work}": os.path.abspath(work), "{user_dir}": user_dir, "{bin}": os.path.dirname(tool)}
 
 
 def _swap(text: str, pairs) -> str:
     for old, new in sorted(pairs, key=lambda p: -len(p[0])):  # the longest first: one folder may hold another
-        text = text.replace(old, new)
+        if old:  # a command found on PATH by a bare name has no folder
+            text = text.replace(old, new)
     return text
 
 
 def _copy(src: str, dst: str, pairs) -> None:
     """Copy one kept file with its folders swapped; a marker gets its digest again (its text changed)."""
-    import json
-
     with open(src, encoding="utf-8") as f:
         text = _swap(f.read(), pairs)
     os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -71,7 +79,9 @@ def save(work: str, out: str, run: P.Run) -> bool:
         return False
     src = U.run_dir(work, run)
     dst = os.path.join(out, _relative(run))
-    pairs = [(folder_, name) for name, folder_ in places(work).items()]
+    with open(os.path.join(src, "run.json"), encoding="utf-8") as f:
+        made_with = json.load(f)["settings"]["train"]
+    pairs = [(folder_, name) for name, folder_ in places(work, made_with).items()]
     for name in KEPT:
         if os.path.exists(os.path.join(src, name)):
             _copy(os.path.join(src, name), os.path.join(dst, name), pairs)
@@ -118,7 +128,5 @@ def read_attention(run_folder: str) -> Optional[dict]:
     path = attention_path(run_folder)
     if not os.path.exists(path) or markers.problem(path) is not None:
         return None
-    import json
-
     with open(path, encoding="utf-8") as f:
         return json.load(f)
