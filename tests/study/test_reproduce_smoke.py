@@ -14,6 +14,7 @@ import pytest
 from cli_utils import require_shared
 
 from bet_fairseq.tools.study import plan as P
+from bet_fairseq.tools.results.curves import parse_log
 from bet_fairseq.tools.study.cli import main
 
 FIGURES = ("curves_multi30k.png", "curves_wikitext2.png", "figure45_multi30k.png", "figure45_wikitext2.png",
@@ -155,3 +156,38 @@ def test_archive_carries_the_study_to_a_new_work_folder(study, tmp_path, capsys)
     assert values(after) == values(before)
     assert after["heatmap"] == before["heatmap"] and "attention_heatmap.png" in after["figures"]
     assert json.loads(damaged.read_text())["seed"] == 2  # the run done again is kept again
+
+
+def test_a_larger_max_update_goes_on_from_the_checkpoint(study, tmp_path, monkeypatch, capsys):
+    """A finished run asked for more updates goes on from its checkpoint_last.pt (not from scratch) and ends
+    where a run trained to that number from the start ends: the same weights, the same validation loss. (The
+    module's last test: it trains the study's own run further.)"""
+    import torch
+
+    root, argv, _ = study
+    on, fresh = root / "work", tmp_path / "fresh"
+    folder = on / "runs" / "multi30k" / "vanilla" / "seed1"
+    first = json.loads((folder / "run.json").read_text())
+    table1_before = (folder / "table1.json").stat().st_mtime_ns
+    shutil.copytree(on, fresh, ignore=shutil.ignore_patterns("runs"))
+    monkeypatch.setitem(P.SCALE_TABLE["smoke"].train["mt"], "--max-update", 12)
+    data_dir = argv[argv.index("--data-dir") + 1]
+    base = ["--scale", "smoke", "--data-dir", data_dir, "--in-process", "--part", "headline", "--only", "vanilla",
+            "--max-seeds", "1", "--no-plots"]
+    capsys.readouterr()
+    assert main(base + ["--work-dir", str(on), "--out", str(tmp_path / "out-on")]) == 0
+    assert "multi30k/vanilla/seed1: going on from checkpoint_last.pt" in capsys.readouterr().out
+    assert main(base + ["--work-dir", str(fresh), "--out", str(tmp_path / "out-fresh")]) == 0
+    assert "going on" not in capsys.readouterr().out
+    folders = [folder, fresh / "runs" / "multi30k" / "vanilla" / "seed1"]
+    records = [json.loads((f / "run.json").read_text()) for f in folders]
+    assert [r["num_updates"] for r in records] == [12, 12] and [r["resumed"] for r in records] == [True, False]
+    assert records[0]["value"] == records[1]["value"]
+    assert records[0]["wall_time_s"]["train"] > first["wall_time_s"]["train"]  # both trainings counted
+    weights = [torch.load(f / "checkpoint_last.pt", weights_only=True)["model"] for f in folders]
+    assert weights[0].keys() == weights[1].keys()
+    for key in weights[0]:
+        assert torch.allclose(weights[0][key], weights[1][key], atol=1e-6), key
+    curves = [parse_log(str(f / "train.log"))["valid_nll"] for f in folders]
+    assert curves[0][-1] == curves[1][-1] and curves[0][-1][0] == 12
+    assert (folder / "table1.json").stat().st_mtime_ns > table1_before  # made again, from the new checkpoint

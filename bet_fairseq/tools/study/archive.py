@@ -20,7 +20,7 @@ from bet_fairseq.tools import markers
 from . import plan as P
 from . import runs as U
 
-MARKED = ("run.json", "train.done.json", "table1.json", "attention.json")  # markers: a digest of their own
+MARKED = ("run.json", "train.done.json") + U.DERIVED  # markers: a digest of their own
 KEPT = MARKED + ("train.log", "hyp.detok.txt")
 
 
@@ -120,7 +120,7 @@ def restore(out: str, work: str, runs: List[P.Run], say=print) -> List[str]:
 
 
 def attention_path(run_folder: str) -> str:
-    return os.path.join(run_folder, "attention.json")
+    return os.path.join(run_folder, U.ATTENTION)
 
 
 def read_attention(run_folder: str) -> Optional[dict]:

@@ -229,7 +229,7 @@ def main(argv=None):
         parser.error(str(exc))
     work = os.path.abspath(args.work_dir or os.path.join("work-dirs", "reproduce", args.scale))
     out = os.path.abspath(args.out or default_out(args.scale, work))
-    left = describe(args, runs, work, out)
+    describe(args, runs, work, out)
     if args.dry_run or (args.scale == "paper" and not args.run and not args.report_only):
         from . import runs as U
 
@@ -255,12 +255,13 @@ def main(argv=None):
     restored = archive.restore(out, work, everything)
     if restored:
         print(f"[archive] {len(restored)} finished runs put back from {archive.folder(out)} into {work}", flush=True)
-    left = [r for r in left if not U.done(work, r)]
     command = "bet-reproduce " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     failures = []
     prepare_s = 0.0
     try:
-        if left and not args.report_only:
+        if runs and not args.report_only:
+            # every run is looked at, the finished ones too: one whose commands changed (a new default, a larger
+            # --max-update) is done again; the others are skipped at once
             bins, prepare_s = _prepare_data(args, runs, work)
             failures = execute(args, runs, work, bins, out)
         elif args.data_dir and restored and not os.path.exists(data.raw_references(work)) \

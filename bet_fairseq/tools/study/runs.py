@@ -45,6 +45,11 @@ def commands(run, scale, bin_dir, save_dir, cpu=True):
     return job(run, scale, bin_dir, save_dir, cpu).commands()
 
 
+# what the study derives from a run's checkpoint_best.pt besides its test scores: Table 1, the heatmap's attention
+TABLE1, ATTENTION = "table1.json", "attention.json"
+DERIVED = (TABLE1, ATTENTION)
+
+
 def _read_json(path):
     with open(path, encoding="utf-8") as f:
         return json.load(f)
@@ -91,11 +96,24 @@ def execute(run, scale, work, bin_dir, in_process=False):
     started, trained = os.path.join(save, "train.started.json"), os.path.join(save, "train.done.json")
     timing = markers.read(trained, train_settings, say=_say)
     if timing is None:
-        if os.path.exists(trained) or markers.problem(started, train_settings) is not None:
-            _say(f"{run.name}: training again from scratch")
-            forget_training(save)
-        markers.write(started, {}, train_settings)  # an interrupted training resumes only with these settings
-        timing = markers.write(trained, executor.train(the_job, in_process), train_settings)
+        earlier = {}  # the timing of the training this one goes on from
+        if markers.problem(started, train_settings) is None and os.path.exists(started):
+            earlier = _read_json(started).get("earlier") or {}  # an interrupted one, with these settings
+        elif os.path.exists(trained) or os.path.exists(started):
+            before = _whole_training(started, trained)
+            if before is not None and extends(before[0], train_settings["train"]):
+                _say(f"{run.name}: going on from checkpoint_last.pt to the larger --max-update")
+                earlier = before[1]
+                if os.path.exists(trained):
+                    os.remove(trained)
+            else:
+                _say(f"{run.name}: training again from scratch")
+                forget_training(save)
+        for name in DERIVED:  # made from the checkpoint about to change
+            if os.path.exists(os.path.join(save, name)):
+                os.remove(os.path.join(save, name))
+        markers.write(started, {"earlier": earlier}, train_settings)  # resumes only with these settings
+        timing = markers.write(trained, _after(earlier, executor.train(the_job, in_process)), train_settings)
     scored = executor.evaluate(the_job, in_process)
     ds = the_job.dataset
     metrics = {k: v for k, v in scored.items() if k not in ("hypotheses", "references", "value")
@@ -108,7 +126,7 @@ def execute(run, scale, work, bin_dir, in_process=False):
                 f.writelines(line + "\n" for line in lines)
     analysed = None
     if run.row in P.ANALYSED and not run.setting and run.seed == 1 and sc.analysis_batches:
-        path = os.path.join(save, "table1.json")
+        path = os.path.join(save, TABLE1)
         if not os.path.exists(path):
             with quiet_logging():
                 stats = table1(the_job.checkpoint_path, bin_dir, sc.analysis_batches)
@@ -125,6 +143,48 @@ def execute(run, scale, work, bin_dir, in_process=False):
         "dir": save, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return markers.write(marker, record, settings), False
+
+
+def extends(before: str, after: str) -> bool:
+    """Whether the training command ``after`` is ``before`` with a larger ``--max-update`` and nothing else changed:
+    fairseq-train then goes on from ``before``'s checkpoint_last.pt to the same model a run trained to the larger
+    number from the start would be (the learning-rate schedule depends on the update number only, the batches
+    come in the same order and the dropout seed is the seed plus the update number)."""
+    a, b = shlex.split(before), shlex.split(after)
+    if len(a) != len(b) or "--max-update" not in a[:-1] or "--max-update" not in b[:-1]:
+        return False
+    i, j = a.index("--max-update") + 1, b.index("--max-update") + 1
+    try:
+        larger = int(b[j]) > int(a[i])
+    except ValueError:
+        return False
+    return larger and i == j and a[:i] + a[i + 1:] == b[:j] + b[j + 1:]
+
+
+def _whole_training(started, trained):
+    """(train command, timing so far) of the training kept in a run's folder when its marker is whole: the
+    finished one (``train.done.json``), else the started one; None when neither can be trusted."""
+    for path in (trained, started):
+        if os.path.exists(path) and markers.problem(path) is None:
+            record = _read_json(path)
+            command = (record.get("settings") or {}).get("train")
+            if command is None:
+                return None
+            timing = record.get("earlier") or {} if path == started else {
+                k: v for k, v in record.items() if k not in ("settings", "digest")}
+            return command, timing
+    return None
+
+
+def _after(earlier, timing):
+    """The timing of a training that went on from ``earlier``'s: times summed, marked resumed."""
+    if not earlier:
+        return timing
+    total = dict(timing, resumed=True)
+    for key in ("train_wall_s", "train_cpu_s"):
+        total[key] = None if earlier.get(key) is None or timing.get(key) is None else round(
+            earlier[key] + timing[key], 1)
+    return total
 
 
 def forget_training(save):
