@@ -174,7 +174,7 @@ def test_the_table_and_its_plan():
         if not system.startswith("bet_sg+"):  # the lambda_p sweep's points only choose a setting
             assert len(got) >= 3, (dataset, system)
     # the headline part runs first, seed by seed, the pair of each seed together
-    head = P.plan("cpu", parts=["headline", "headline2"])
+    head = P.plan("cpu", parts=["headline", "headline2", "headline3"])
     assert head == [P.Run("multi30k", row, s) for s in range(1, 9) for row in ("vanilla", "bet_sf")]
     assert runs[:16] == head
     # every part fits 3-4 hours on 2 cores (data preparation apart), after the parts before it

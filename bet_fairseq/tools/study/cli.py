@@ -4,7 +4,7 @@ lambda_p sweep) and its report.
 
     bet-reproduce --scale smoke --data-dir DATA          # minutes: the machinery, not results
     bet-reproduce --data-dir DATA --part headline        # the cpu scale (default), one part: ~3 hours on 2 cores
-    bet-reproduce --data-dir DATA --part headline2       # the headline pair's seeds 5-8
+    bet-reproduce --data-dir DATA --part headline2       # the headline pair's seeds 4-6 (headline3: 7-8)
     bet-reproduce --data-dir DATA                        # every part, one after the other
     bet-reproduce --scale paper                          # prints the plan and its GPU-hours; --run runs it
     bet-reproduce --dry-run                              # the plan, the expected time and the commands
