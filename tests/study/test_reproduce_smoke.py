@@ -154,7 +154,9 @@ def test_archive_carries_the_study_to_a_new_work_folder(study, tmp_path, capsys)
     values = lambda d: {(r["dataset"], r["system"], r["seed"]): (r["value"], r.get("sacrebleu_raw"))
                         for r in d["runs"] if (r["system"], r["seed"]) != ("diagfree", 2)}
     assert values(after) == values(before)
-    assert after["heatmap"] == before["heatmap"] and "attention_heatmap.png" in after["figures"]
+    kept_attention = json.loads((kept / "multi30k" / "vanilla" / "seed1" / "attention.json").read_text())
+    assert after["heatmap"] == {"split": "valid", "index": kept_attention["index"], "tokens": kept_attention["tokens"]}
+    assert "attention_heatmap.png" in after["figures"]  # drawn from the kept attention: no checkpoint here
     assert json.loads(damaged.read_text())["seed"] == 2  # the run done again is kept again
 
 
