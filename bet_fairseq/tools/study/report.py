@@ -416,7 +416,7 @@ def plot_differences(summary, resampled, out):
 def plot_diag_sweep(sweep, out):
     from ..figures import pyplot, save_png
 
-    if not sweep["points"]:
+    if not any(p["scale"] != 1.0 for p in sweep["points"]):  # the Transformer alone is no sweep
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
