@@ -69,6 +69,13 @@ def _copy(src: str, dst: str, pairs) -> None:
         f.write(text)
 
 
+def _copy_kept(src: str, dst: str, pairs) -> None:
+    """Copy the kept files a run's folder ``src`` has into ``dst``."""
+    for name in KEPT:
+        if os.path.exists(os.path.join(src, name)):
+            _copy(os.path.join(src, name), os.path.join(dst, name), pairs)
+
+
 def _relative(run: P.Run) -> str:
     return os.path.join("runs", run.dataset, run.system, f"seed{run.seed}")
 
@@ -81,10 +88,7 @@ def save(work: str, out: str, run: P.Run) -> bool:
     dst = os.path.join(out, _relative(run))
     with open(os.path.join(src, "run.json"), encoding="utf-8") as f:
         made_with = json.load(f)["settings"]["train"]
-    pairs = [(folder_, name) for name, folder_ in places(work, made_with).items()]
-    for name in KEPT:
-        if os.path.exists(os.path.join(src, name)):
-            _copy(os.path.join(src, name), os.path.join(dst, name), pairs)
+    _copy_kept(src, dst, [(folder_, name) for name, folder_ in places(work, made_with).items()])
     return True
 
 
@@ -104,17 +108,14 @@ def restore(out: str, work: str, runs: List[P.Run], say=print) -> List[str]:
         src = os.path.join(out, _relative(run))
         if U.done(work, run) or not os.path.exists(os.path.join(src, "run.json")):
             continue
-        why = next((markers.problem(os.path.join(src, n)) for n in MARKED
-                    if markers.problem(os.path.join(src, n)) is not None), None)
+        why = next((p for p in (markers.problem(os.path.join(src, n)) for n in MARKED) if p is not None), None)
         if why is not None:
             say(f"[archive] {why}: not restored, the run is done again")
             continue
         dst = U.run_dir(work, run)
         if os.path.isdir(dst):
             U.forget_training(dst)
-        for name in KEPT:
-            if os.path.exists(os.path.join(src, name)):
-                _copy(os.path.join(src, name), os.path.join(dst, name), pairs)
+        _copy_kept(src, dst, pairs)
         restored.append(run.name)
     return restored
 

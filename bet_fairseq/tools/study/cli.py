@@ -112,7 +112,6 @@ def describe(args, runs, work, out):
           f"{args.jobs}, ~{rest / 3600:.1f} left")
     for note in sc.notes:
         print(f"  {note}")
-    return left
 
 
 def _prepare_data(args, runs, work, hints=True):
