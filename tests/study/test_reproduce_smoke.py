@@ -124,6 +124,27 @@ def test_report_only_on_a_partly_finished_study(study, tmp_path):
     assert "attention_heatmap.png" not in report  # neither its attention.json nor checkpoints: no heatmap, no failure
 
 
+def test_hours_leaves_what_does_not_fit_for_the_next_invocation(study, tmp_path, capsys):
+    """``--hours`` through the real CLI, on a study whose headline pair finished in another work folder (its
+    commands name that folder, so it does not count here): a budget shorter than any run starts none of them,
+    names them and still writes the report."""
+    root, argv, _ = study
+    work = tmp_path / "work"
+    shutil.copytree(root / "work", work, ignore=shutil.ignore_patterns("*.pt"))
+    headline = P.plan("smoke", parts=["headline"])
+    out = tmp_path / "out"
+    capsys.readouterr()
+    rc = main(argv[:4] + ["--work-dir", str(work), "--out", str(out), "--in-process", "--no-plots",
+                          "--part", "headline", "--hours", "0.0001"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and f"{len(headline)} run(s) left for the next invocation" in printed
+    assert printed.count("would end past --hours 0.0001") == len(headline)
+    for r in headline:  # not trained again: the other folder's record and log are as they were
+        folder = work / "runs" / r.dataset / r.system / f"seed{r.seed}"
+        assert (folder / "train.log").read_bytes() == (root / "work" / folder.relative_to(work) / "train.log").read_bytes()
+    assert (out / "REPORT.md").exists()
+
+
 def test_archive_carries_the_study_to_a_new_work_folder(study, tmp_path, capsys):
     """The finished runs kept in OUT/runs (committed with a report) are put back into a new work folder: nothing
     is trained again, the report is the same, the heatmap comes without checkpoints; a damaged record is named

@@ -6,6 +6,7 @@ lambda_p sweep) and its report.
     bet-reproduce --data-dir DATA --part headline        # the cpu scale (default), one part: ~3 hours on 2 cores
     bet-reproduce --data-dir DATA --part headline2       # the headline pair's seeds 4-6 (headline3: 7-8)
     bet-reproduce --data-dir DATA                        # every part, one after the other
+    bet-reproduce --data-dir DATA --hours 2.7            # as many runs as fit 2.7 hours; the same command goes on
     bet-reproduce --scale paper                          # prints the plan and its GPU-hours; --run runs it
     bet-reproduce --dry-run                              # the plan, the expected time and the commands
 
@@ -19,6 +20,7 @@ put back and count as finished.
 
 import argparse
 import json
+import math
 import os
 import shlex
 import sys
@@ -63,6 +65,10 @@ def build_parser():
                         "one job)")
     p.add_argument("--report-only", action="store_true", help="write the report from the finished runs only")
     p.add_argument("--no-plots", action="store_true", help="no PNG figures (matplotlib absent)")
+    p.add_argument("--hours", type=float,
+                   help="this sitting's time: start no run that the estimate says would end later than this many "
+                        "hours after the command started (the rest is left for the next invocation; the report "
+                        "lists it)")
     return p
 
 
@@ -79,6 +85,8 @@ def check_options(args):
         raise ValueError(f"--data-dir {args.data_dir} is not a folder")
     if args.run and args.scale != "paper":
         raise ValueError("--run goes with --scale paper (the other scales run without it)")
+    if args.hours is not None and not (0 < args.hours < math.inf):
+        raise ValueError(f"--hours must be a positive number of hours, got {args.hours}")
 
 
 def describe(args, runs, work, out):
@@ -139,9 +147,12 @@ def _prepare_data(args, runs, work, hints=True):
     return bins, sum(record.values())
 
 
-def execute(args, runs, work, bins, out):
+def execute(args, runs, work, bins, out, deadline=None, history=()):
     """Run what is left, ``args.jobs`` at a time, one progress line per run, each finished run kept in ``out``'s
-    archive at once. Returns the failures."""
+    archive at once. From the first run that the estimate says would end after ``deadline`` (a ``time.time()``),
+    no unfinished run is started: those are left for the next invocation. A run's estimate is the scale's figure
+    times what the runs finished here took against theirs, or, before any has, the records in ``history`` (runs
+    finished earlier). Returns (failures, runs left)."""
     from . import archive
     from . import runs as U
 
@@ -154,30 +165,57 @@ def execute(args, runs, work, bins, out):
         torch.set_num_threads(1)  # one thread a run, as in a subprocess (threads spin-wait on a busy machine)
     total, lock = len(runs), threading.Lock()
     left = list(runs)
-    state = {"k": 0, "measured": 0.0, "estimated": 0.0}
-    failures = []
+    state = {"k": 0, "measured": 0.0, "estimated": 0.0, "out_of_time": False}
+    failures, deferred = [], []
     start = time.time()
+
+    def seconds(record):
+        return U.run_seconds(record), sc.seconds_per_run[catalog.dataset(record["dataset"]).kind]
+
+    earlier = [seconds(r) for r in history if r.get("scale") == args.scale and r.get("wall_time_s")]
+    earlier_factor = sum(m for m, _ in earlier) / sum(e for _, e in earlier) if earlier else 1.0
+
+    def estimate(run):
+        """The run's seconds: the scale's figure, scaled by what the finished runs took against theirs."""
+        factor = state["measured"] / state["estimated"] if state["estimated"] else earlier_factor
+        return sc.seconds_per_run[catalog.dataset(run.dataset).kind] * factor
+
+    def progress(run, what):
+        state["k"] += 1
+        left.remove(run)
+        eta = sum(estimate(r) for r in left) / args.jobs
+        print(f"[{state['k']}/{total}] {run.name}: {what} | elapsed {_hms(time.time() - start)} | "
+              f"left ~{_hms(eta)}", flush=True)
 
     def report(run, record, skipped, error=None):
         with lock:
-            state["k"] += 1
-            left.remove(run)
             if error is None and not skipped:
-                state["measured"] += U.run_seconds(record)
-                state["estimated"] += sc.seconds_per_run[catalog.dataset(run.dataset).kind]
-            factor = state["measured"] / state["estimated"] if state["estimated"] else 1.0
-            eta = sum(sc.seconds_per_run[catalog.dataset(r.dataset).kind] for r in left) * factor / args.jobs
+                measured, estimated = seconds(record)
+                state["measured"] += measured
+                state["estimated"] += estimated
             if error is not None:
                 what = f"FAILED: {error}"
             else:
                 metric = "BLEU" if record["metric"] == "bleu" else "ppl"
                 how = "already done" if skipped else f"{U.run_seconds(record):.0f} s"
                 what = f"{metric} {record['value']:.2f} ({how})"
-            print(f"[{state['k']}/{total}] {run.name}: {what} | elapsed {_hms(time.time() - start)} | "
-                  f"left ~{_hms(eta)}", flush=True)
+            progress(run, what)
+
+    def out_of_time(run):
+        """Whether ``run`` is left for later (``--hours``); a run finished with its current commands takes no time."""
+        if deadline is None or U.current(run, args.scale, work, bins[run.dataset]):
+            return False
+        with lock:
+            need = estimate(run)
+            if state["out_of_time"] or time.time() + need > deadline:
+                state["out_of_time"] = True
+                deferred.append(run)
+                progress(run, f"not started: ~{_hms(need)} would end past --hours {args.hours:g}")
+                return True
+        return False
 
     def one(run):
-        if state.get("stopping"):
+        if state.get("stopping") or out_of_time(run):
             return
         try:
             record, skipped = U.execute(run, args.scale, work, bins[run.dataset], in_process=args.in_process)
@@ -193,7 +231,7 @@ def execute(args, runs, work, bins, out):
     if args.jobs == 1:
         for run in runs:
             one(run)
-        return failures
+        return failures, deferred
     pool = ThreadPoolExecutor(max_workers=args.jobs)
     try:
         pending = {pool.submit(one, run) for run in runs}
@@ -207,7 +245,7 @@ def execute(args, runs, work, bins, out):
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    return failures
+    return failures, deferred
 
 
 def default_out(scale, work):
@@ -256,14 +294,16 @@ def main(argv=None):
     if restored:
         print(f"[archive] {len(restored)} finished runs put back from {archive.folder(out)} into {work}", flush=True)
     command = "bet-reproduce " + shlex.join(sys.argv[1:] if argv is None else list(argv))
-    failures = []
+    failures, deferred = [], []
     prepare_s = 0.0
     try:
         if runs and not args.report_only:
             # every run is looked at, the finished ones too: one whose commands changed (a new default, a larger
             # --max-update) is done again; the others are skipped at once
             bins, prepare_s = _prepare_data(args, runs, work)
-            failures = execute(args, runs, work, bins, out)
+            deadline = None if args.hours is None else started + args.hours * 3600
+            history = [U.load(work, r) for r in everything if U.done(work, r)]
+            failures, deferred = execute(args, runs, work, bins, out, deadline, history)
         elif args.data_dir and restored and not os.path.exists(data.raw_references(work)) \
                 and any(catalog.dataset(r.dataset).kind == "mt" for r in everything if U.done(work, r)):
             # runs put back from the archive into a new work folder: the report scores their hypotheses
@@ -287,6 +327,9 @@ def main(argv=None):
     for run in everything:  # the report may have added a file to a run (the heatmap's attention.json)
         archive.save(work, out, run)
     print(f"report: {path} ({len(records)} of {len(everything)} runs of the study)", flush=True)
+    if deferred:
+        print(f"bet-reproduce: --hours {args.hours:g}: {len(deferred)} run(s) left for the next invocation (the same "
+              f"command goes on from them): " + ", ".join(r.name for r in deferred), flush=True)
     if failures:
         print("bet-reproduce: failed runs:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1

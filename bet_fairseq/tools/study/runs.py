@@ -76,6 +76,21 @@ def _say(message):
     print(f"[study] {message}", flush=True)
 
 
+def _settings(run, scale, work, bin_dir):
+    """(job, training settings, run settings): what a run's markers must hold to count."""
+    the_job = job(run, scale, bin_dir, run_dir(work, run),
+                  cpu=P.SCALE_TABLE[scale].device == "cpu" or not executor.has_cuda())
+    train_argv, eval_argv = the_job.commands()
+    train_settings = {"train": shlex.join(train_argv)}
+    return the_job, train_settings, {**train_settings, "eval": shlex.join(eval_argv)}
+
+
+def current(run, scale, work, bin_dir):
+    """Whether the run finished with the commands it would run now (``execute`` only reads its record)."""
+    marker = os.path.join(run_dir(work, run), "run.json")
+    return os.path.exists(marker) and markers.problem(marker, _settings(run, scale, work, bin_dir)[2]) is None
+
+
 def execute(run, scale, work, bin_dir, in_process=False):
     """Do what is left of ``run``; returns its record (``run.json``) and whether it was already complete.
 
@@ -84,10 +99,7 @@ def execute(run, scale, work, bin_dir, in_process=False):
     changed: the old checkpoints are removed, else fairseq-train would resume from them)."""
     save = run_dir(work, run)
     sc = P.SCALE_TABLE[scale]
-    the_job = job(run, scale, bin_dir, save, cpu=sc.device == "cpu" or not executor.has_cuda())
-    train_argv, eval_argv = the_job.commands()
-    train_settings = {"train": shlex.join(train_argv)}
-    settings = {**train_settings, "eval": shlex.join(eval_argv)}
+    the_job, train_settings, settings = _settings(run, scale, work, bin_dir)
     marker = os.path.join(save, "run.json")
     record = markers.read(marker, settings, say=_say)
     if record is not None:
