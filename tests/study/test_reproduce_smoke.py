@@ -43,6 +43,7 @@ def test_smoke_study_writes_the_report(study):
     assert all(not names for names in data["missing"].values())
     for r in data["runs"]:
         assert r["num_updates"] == 8 and r["value"] is not None
+        assert r["machine"].endswith(f", {os.cpu_count()} CPUs")  # each run says where it ran (no GPU here)
         assert r["plateau"]["to_update"] == 8 and r["plateau"]["from_update"] == 6
         if r["dataset"] == "multi30k":
             assert r["sentences"] == 20 and r["sacrebleu_raw"] is not None
@@ -79,6 +80,7 @@ def test_smoke_study_writes_the_report(study):
         assert text in report, text
     for name in FIGURES:
         assert f"({name})" in report, name
+    assert f"- runs made on: {data['runs'][0]['machine']}: {len(data['runs'])} run(s)\n" in report
 
 
 def test_second_invocation_redoes_nothing(study, capsys):

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import sys
+from collections import Counter
 
 from bet_fairseq import catalog
 from bet_fairseq.files import atomic_write
@@ -303,24 +304,13 @@ def table1(records):
 
 
 def machine():
-    info = {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        info["processor"] = names[0] if names else platform.processor()
-    except OSError:
-        info["processor"] = platform.processor()
+    info = {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
+            "processor": U.processor(), "gpu": U.gpu_name()}
     for name in ("torch", "fairseq", "sacrebleu", "numpy"):
         try:
             info[name] = __import__(name).__version__
         except Exception:  # pragma: no cover
             info[name] = None
-    try:
-        import torch
-
-        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:  # pragma: no cover
-        info["gpu"] = None
     info["commit"] = U.code_commit()
     return info
 
@@ -757,7 +747,10 @@ def markdown(data):
           "report (no checkpoints, no corpus text): `bet-reproduce --out` this folder, with any `--work-dir`, puts "
           "them back and trains only the runs still missing.", ""]
     L += ["## Machine, versions, time", ""]
-    L.append(f"- machine: {m.get('processor')}, {m.get('cpus')} CPUs, GPU: {m.get('gpu') or 'none'}; {m.get('platform')}")
+    L.append(f"- report written on: {m.get('processor')}, {m.get('cpus')} CPUs, GPU: {m.get('gpu') or 'none'}; "
+             f"{m.get('platform')}")
+    made_on = Counter(r.get("machine") or "not recorded (made before runs kept their machine)" for r in records)
+    L.append("- runs made on: " + ("; ".join(f"{name}: {n} run(s)" for name, n in made_on.items()) or "-"))
     L.append(f"- versions: Python {m.get('python')}, torch {m.get('torch')}, fairseq {m.get('fairseq')}, "
              f"sacreBLEU {m.get('sacrebleu')}, numpy {m.get('numpy')}")
     L.append(f"- report written by the code at commit: {m.get('commit') or 'unknown (not a git checkout)'}")

@@ -151,7 +151,8 @@ def execute(run, scale, work, bin_dir, in_process=False):
         "num_updates": timing.get("num_updates"), "resumed": timing.get("resumed"),
         "wall_time_s": {"train": timing["train_wall_s"], "eval": scored["eval_wall_s"]},
         "cpu_time_s": {"train": timing.get("train_cpu_s"), "eval": scored["eval_cpu_s"]},
-        "in_process": bool(in_process), "table1": analysed, "command": settings, "code": code_commit(),
+        "in_process": bool(in_process), "machine": machine_name(), "table1": analysed, "command": settings,
+        "code": code_commit(),
         "dir": save, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return markers.write(marker, record, settings), False
@@ -220,6 +221,32 @@ def code_commit(root=None):
     except (OSError, subprocess.SubprocessError):
         return None
     return (commit + (" + uncommitted changes" if dirty else "")) if commit else None
+
+
+def processor():
+    """The CPU's model name (``/proc/cpuinfo``, else what ``platform`` says)."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor()
+
+
+def gpu_name():
+    if not executor.has_cuda():
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def machine_name():
+    """This machine in a few words, kept in each run's record: a study spans sittings, and their machines differ."""
+    gpu = gpu_name()
+    return f"{processor()}, {os.cpu_count()} CPUs" + (f", GPU {gpu}" if gpu else "")
 
 
 def run_seconds(record):
