@@ -208,15 +208,20 @@ def forget_training(save):
             os.remove(os.path.join(save, name))
 
 
+# what "the code" of a commit is: a report or kept runs written into docs/results do not make it uncommitted
+CODE = ("bet_fairseq", "preprocess", "setup.py", "pyproject.toml")
+
+
 def code_commit(root=None):
-    """The git commit of the code running the study (with "+ uncommitted changes" when it differs), or None."""
+    """The git commit of the code running the study (with "+ uncommitted changes" when ``CODE`` differs from it),
+    or None."""
     import subprocess
 
     root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     try:
         commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", *CODE],
                                capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
