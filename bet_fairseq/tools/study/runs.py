@@ -241,11 +241,15 @@ def processor():
 
 
 def gpu_name():
+    """The first GPU's name, or None (none, or a CUDA that answers is_available but not the name)."""
     if not executor.has_cuda():
         return None
-    import torch
+    try:
+        import torch
 
-    return torch.cuda.get_device_name(0)
+        return torch.cuda.get_device_name(0)
+    except Exception:  # pragma: no cover
+        return None
 
 
 def machine_name():
