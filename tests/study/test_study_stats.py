@@ -222,3 +222,18 @@ def test_paper_scale_prints_gpu_hours_and_does_not_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "GPU-hours" in out and "not running" in out and "fairseq-train" in out
     assert not (tmp_path / "o").exists() and not (tmp_path / "w" / "runs").exists()
+
+
+def test_verdict_says_what_an_unresolved_interval_rules_out():
+    from bet_fairseq.tools.study.report import verdict
+    # mean -0.04, half-width 0.53: the interval [-0.57, +0.49]; for BLEU (higher is better) a gain above 0.49
+    # or a loss above 0.57 is ruled out
+    words = verdict({"mean": -0.04, "half_width": 0.53}, "sacrebleu_raw")
+    assert "[-0.57, +0.49] includes 0" in words and "worse" in words
+    assert "a gain above 0.49 or a loss above 0.57" in words
+    # perplexity (lower is better): mean +3, half-width 5 gives [-2, +8]: a gain (a drop) above 2, a loss above 8
+    words = verdict({"mean": 3.0, "half_width": 5.0}, "ppl")
+    assert "a gain above 2.00 or a loss above 8.00" in words and "worse" in words
+    # a resolved difference says so and nothing about bounds
+    words = verdict({"mean": 1.0, "half_width": 0.5}, "bleu")
+    assert words.startswith("better, resolved") and "rule out" not in words

@@ -20,7 +20,7 @@ from bet_fairseq.tools import markers
 from . import plan as P
 from . import runs as U
 
-MARKED = ("run.json", "train.done.json") + U.DERIVED  # markers: a digest of their own
+MARKED = (U.RECORD, "train.done.json") + U.DERIVED  # markers: a digest of their own
 KEPT = MARKED + ("train.log", "hyp.detok.txt")
 
 
@@ -76,17 +76,13 @@ def _copy_kept(src: str, dst: str, pairs) -> None:
             _copy(os.path.join(src, name), os.path.join(dst, name), pairs)
 
 
-def _relative(run: P.Run) -> str:
-    return os.path.join("runs", run.dataset, run.system, f"seed{run.seed}")
-
-
 def save(work: str, out: str, run: P.Run) -> bool:
     """Keep a finished run of ``work`` in ``out``'s archive; False when it is not finished."""
     if not U.done(work, run):
         return False
     src = U.run_dir(work, run)
-    dst = os.path.join(out, _relative(run))
-    with open(os.path.join(src, "run.json"), encoding="utf-8") as f:
+    dst = U.run_dir(out, run)
+    with open(U.record_path(work, run), encoding="utf-8") as f:
         made_with = json.load(f)["settings"]["train"]
     _copy_kept(src, dst, [(folder_, name) for name, folder_ in places(work, made_with).items()])
     return True
@@ -94,8 +90,7 @@ def save(work: str, out: str, run: P.Run) -> bool:
 
 def holds(out: str, run: P.Run) -> bool:
     """Whether ``out``'s archive holds ``run``, whole."""
-    path = os.path.join(out, _relative(run), "run.json")
-    return os.path.exists(path) and markers.problem(path) is None
+    return U.done(out, run)
 
 
 def restore(out: str, work: str, runs: List[P.Run], say=print) -> List[str]:
@@ -105,8 +100,8 @@ def restore(out: str, work: str, runs: List[P.Run], say=print) -> List[str]:
     restored = []
     pairs = list(places(work).items())
     for run in runs:
-        src = os.path.join(out, _relative(run))
-        if U.done(work, run) or not os.path.exists(os.path.join(src, "run.json")):
+        src = U.run_dir(out, run)
+        if U.done(work, run) or not os.path.exists(U.record_path(out, run)):
             continue
         why = next((p for p in (markers.problem(os.path.join(src, n)) for n in MARKED) if p is not None), None)
         if why is not None:

@@ -85,7 +85,9 @@ def verdict(diff, metric):
     lo, hi = diff["mean"] - diff["half_width"], diff["mean"] + diff["half_width"]
     if S.resolved(diff):
         return f"{way}, resolved (95% seed interval [{lo:+.2f}, {hi:+.2f}] excludes 0)"
-    return f"not resolved (95% seed interval [{lo:+.2f}, {hi:+.2f}] includes 0; the mean points to {way})"
+    gain, loss = (hi, -lo) if HIGHER_BETTER[metric] else (-lo, hi)
+    return (f"not resolved (95% seed interval [{lo:+.2f}, {hi:+.2f}] includes 0; the mean points to {way}); "
+            f"what the seeds rule out: a gain above {gain:.2f} or a loss above {loss:.2f}")
 
 
 def system_of(record):

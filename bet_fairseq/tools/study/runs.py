@@ -23,7 +23,15 @@ from . import plan as P
 
 
 def run_dir(work, run):
+    """A run's folder in a work folder, and in a report's archive of kept runs (the same layout)."""
     return os.path.join(work, "runs", run.dataset, run.system, f"seed{run.seed}")
+
+
+RECORD = "run.json"  # a run's record, its completion marker
+
+
+def record_path(work, run):
+    return os.path.join(run_dir(work, run), RECORD)
 
 
 def arch(run):
@@ -87,7 +95,7 @@ def _settings(run, scale, work, bin_dir):
 
 def current(run, scale, work, bin_dir):
     """Whether the run finished with the commands it would run now (``execute`` only reads its record)."""
-    marker = os.path.join(run_dir(work, run), "run.json")
+    marker = record_path(work, run)
     return os.path.exists(marker) and markers.problem(marker, _settings(run, scale, work, bin_dir)[2]) is None
 
 
@@ -100,7 +108,7 @@ def execute(run, scale, work, bin_dir, in_process=False):
     save = run_dir(work, run)
     sc = P.SCALE_TABLE[scale]
     the_job, train_settings, settings = _settings(run, scale, work, bin_dir)
-    marker = os.path.join(save, "run.json")
+    marker = record_path(work, run)
     record = markers.read(marker, settings, say=_say)
     if record is not None:
         return record, True
@@ -264,10 +272,9 @@ def run_seconds(record):
 
 def done(work, run):
     """Whether the run finished (its marker exists and is whole; its settings are checked when it is executed)."""
-    path = os.path.join(run_dir(work, run), "run.json")
+    path = record_path(work, run)
     return os.path.exists(path) and markers.problem(path) is None
 
 
 def load(work, run):
-    path = os.path.join(run_dir(work, run), "run.json")
-    return _read_json(path) if done(work, run) else None
+    return _read_json(record_path(work, run)) if done(work, run) else None
