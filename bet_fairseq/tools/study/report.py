@@ -69,6 +69,11 @@ def _ci(c, digits=2, sign=False):
     return f"{_f(c['mean'], digits, sign)} ± {c['half_width']:.{digits}f}"
 
 
+def _seeds(diff):
+    """How many seeds a difference is over, where its interval has not said it ("(1 seed)")."""
+    return f" ({len(diff['seeds'])} seeds)" if diff.get("half_width") is not None else ""
+
+
 def _direction(delta, metric):
     if delta is None or delta == 0:
         return "no change"
@@ -328,7 +333,7 @@ def _band(ax, curves, colour, label):
     if not common:
         return
     values = np.array([[dict(c)[u] for u in common] for c in curves])
-    ax.plot(common, values.mean(0), color=colour, label=f"{label} ({len(curves)} seeds)", marker="." if len(common) < 30 else None)
+    ax.plot(common, values.mean(0), color=colour, label=f"{label} ({len(curves)} seed{'s' if len(curves) > 1 else ''})", marker="." if len(common) < 30 else None)
     if len(curves) > 1:
         ax.fill_between(common, values.min(0), values.max(0), color=colour, alpha=0.2, linewidth=0)
 
@@ -569,13 +574,13 @@ def _comparisons(data):
             r = data["test_resampling"].get(dkey, {}).get(system)
             if r is not None and main == "sacrebleu_raw":
                 tests += f"; test-resampling 95% interval [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]"
-            L.append(f"- {ds.label}, {entry['label']} vs Transformer: {_ci(d, sign=True)} {METRIC_NAME[main]} "
-                     f"({len(d['seeds'])} seeds): {entry['verdict']}{tests}{agree}.")
+            L.append(f"- {ds.label}, {entry['label']} vs Transformer: {_ci(d, sign=True)} {METRIC_NAME[main]}"
+                     f"{_seeds(d)}: {entry['verdict']}{tests}{agree}.")
             c = entry.get("vs_control")
             if c:
                 L.append(f"- {ds.label}, {entry['label']} vs {label_of(c['control'])} (like for like: both trained on "
-                         f"sentences, evaluated on blocks): {_ci(c['diff'], sign=True)} {METRIC_NAME[main]} "
-                         f"({len(c['diff']['seeds'])} seeds): {c['verdict']}; paired t-test p = {_p(c['diff'].get('p'))} "
+                         f"sentences, evaluated on blocks): {_ci(c['diff'], sign=True)} {METRIC_NAME[main]}"
+                         f"{_seeds(c['diff'])}: {c['verdict']}; paired t-test p = {_p(c['diff'].get('p'))} "
                          "(two-sided, not in the Holm family).")
     return L
 
