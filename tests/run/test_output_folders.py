@@ -17,7 +17,7 @@ def blocker(tmp_path):
 
 
 def test_bet_reproduce_checks_out_before_any_run(tmp_path, blocker, capsys, monkeypatch):
-    monkeypatch.setattr(reproduce, "_prepare_data", lambda *a: pytest.fail("data prepared before --out was checked"))
+    monkeypatch.setattr(reproduce, "_prepare_dataset", lambda *a: pytest.fail("data prepared before --out was checked"))
     status = reproduce.main(["--scale", "smoke", "--out", str(blocker / "report"), "--work-dir", str(tmp_path / "w")])
     assert status == 2
     err = capsys.readouterr().err.strip()

@@ -66,9 +66,9 @@ def build_parser():
     p.add_argument("--report-only", action="store_true", help="write the report from the finished runs only")
     p.add_argument("--no-plots", action="store_true", help="no PNG figures (matplotlib absent)")
     p.add_argument("--hours", type=float,
-                   help="this sitting's time: start no run that the estimate says would end later than this many "
-                        "hours after the command started (the rest is left for the next invocation; the report "
-                        "lists it)")
+                   help="this sitting's time: start no run (nor prepare its dataset) that the estimate says would "
+                        "end later than this many hours after the command started (the rest is left for the next "
+                        "invocation; the report lists it)")
     return p
 
 
@@ -122,37 +122,69 @@ def describe(args, runs, work, out):
         print(f"  {note}")
 
 
-def _prepare_data(args, runs, work, hints=True):
-    """Prepare the datasets of ``runs`` (with BET(SG)'s hints where a run needs them and ``hints``)."""
+PREPARE_RECORD = "prepare.json"  # in the work folder: the seconds spent preparing each dataset, in all sittings
+
+
+def _prepare_seconds(work):
+    """What preparing the work folder's datasets took: {dataset: seconds} ({} before any)."""
+    path = os.path.join(work, PREPARE_RECORD)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _prepare_dataset(args, dataset, work, hints):
+    """Prepare one dataset of the study (BET(SG)'s hints with ``hints``) and add the time to the record."""
     from . import data
 
     sc = P.SCALE_TABLE[args.scale]
-    record_path = os.path.join(work, "prepare.json")
-    record = {}
-    if os.path.exists(record_path):
-        with open(record_path, encoding="utf-8") as f:
-            record = json.load(f)
-    bins = {}
-    for d in sorted({r.dataset for r in runs}, key=list(catalog.DATASETS).index):
-        with_hints = hints and any(catalog.row(r.row).needs_syntax_hints for r in runs if r.dataset == d)
-        start = time.time()
-        print(f"[data] {catalog.dataset(d).label}: preparing in {work}", flush=True)
-        bins[d] = data.prepare(d, work, args.data_dir, sc.data[catalog.dataset(d).kind], hints=with_hints)
-        took = time.time() - start
-        record[d] = round(record.get(d, 0.0) + took, 1)
-        print(f"[data] {catalog.dataset(d).label}: {bins[d]} ({took:.0f} s)", flush=True)
+    start = time.time()
+    print(f"[data] {catalog.dataset(dataset).label}: preparing in {work}", flush=True)
+    bin_dir = data.prepare(dataset, work, args.data_dir, sc.data[catalog.dataset(dataset).kind], hints=hints)
+    took = time.time() - start
+    record = _prepare_seconds(work)
+    record[dataset] = round(record.get(dataset, 0.0) + took, 1)
     os.makedirs(work, exist_ok=True)
-    with atomic_write(record_path) as f:
+    with atomic_write(os.path.join(work, PREPARE_RECORD)) as f:
         json.dump(record, f, indent=1)
-    return bins, sum(record.values())
+    print(f"[data] {catalog.dataset(dataset).label}: {bin_dir} ({took:.0f} s)", flush=True)
+    return bin_dir
 
 
-def execute(args, runs, work, bins, out, deadline=None, history=()):
+class Datasets:
+    """The runs' datasets, each prepared when its first run is about to start (``execute`` asks from its main
+    thread, where Ctrl-C reaches it), so that a sitting whose ``--hours`` leave no time for a dataset's runs
+    spends none on its data. BET(SG)'s hints are made where one of the runs needs them."""
+
+    def __init__(self, args, runs, work, hints=True):
+        self.args, self.work, self.bins = args, work, {}
+        self.hints = {d: hints and any(catalog.row(r.row).needs_syntax_hints for r in runs if r.dataset == d)
+                      for d in {r.dataset for r in runs}}
+        self.prepared_before = set(_prepare_seconds(work))
+
+    def ready(self, dataset):
+        return dataset in self.bins
+
+    def seconds_to_prepare(self, dataset):
+        """The scale's estimate, or 0 for a dataset this work folder has prepared before (its steps are skipped)."""
+        if self.ready(dataset) or dataset in self.prepared_before:
+            return 0.0
+        return P.SCALE_TABLE[self.args.scale].seconds_prepare[catalog.dataset(dataset).kind]
+
+    def bin_dir(self, dataset):
+        if dataset not in self.bins:
+            self.bins[dataset] = _prepare_dataset(self.args, dataset, self.work, self.hints[dataset])
+        return self.bins[dataset]
+
+
+def execute(args, runs, work, datasets, out, deadline=None, history=()):
     """Run what is left, ``args.jobs`` at a time, one progress line per run, each finished run kept in ``out``'s
-    archive at once. From the first run that the estimate says would end after ``deadline`` (a ``time.time()``),
-    no unfinished run is started: those are left for the next invocation. A run's estimate is the scale's figure
-    times what the runs finished here took against theirs, or, before any has, the records in ``history`` (runs
-    finished earlier). Returns (failures, runs left)."""
+    archive at once; ``datasets`` (a ``Datasets``) prepares a dataset just before its first run. From the first
+    run that the estimate says would end after ``deadline`` (a ``time.time()``), no unfinished run is started:
+    those are left for the next invocation. A run's estimate is the scale's figure times what the runs finished
+    here took against theirs, or, before any has, the records in ``history`` (runs finished earlier); the first
+    unfinished run of a dataset not prepared yet is weighed with its preparation. Returns (failures, runs left)."""
     from . import archive
     from . import runs as U
 
@@ -201,24 +233,41 @@ def execute(args, runs, work, bins, out, deadline=None, history=()):
                 what = f"{metric} {record['value']:.2f} ({how})"
             progress(run, what)
 
-    def out_of_time(run):
-        """Whether ``run`` is left for later (``--hours``); a run finished with its current commands takes no time."""
-        if deadline is None or U.current(run, args.scale, work, bins[run.dataset]):
+    def out_of_time(run, preparing=0.0, finished=False):
+        """Whether ``run`` is left for later (``--hours``), given ``preparing`` seconds of data preparation first;
+        a ``finished`` run takes no time but that (it is not redone here, nor checked against data not prepared)."""
+        if deadline is None:
             return False
         with lock:
-            need = estimate(run)
-            if state["out_of_time"] or time.time() + need > deadline:
-                state["out_of_time"] = True
-                deferred.append(run)
-                progress(run, f"not started: ~{_hms(need)} would end past --hours {args.hours:g}")
+            need = preparing + (0.0 if finished else estimate(run))
+            if not state["out_of_time"] and time.time() + need <= deadline:
+                return False
+            if finished:
+                progress(run, "finished earlier (not checked against its data, which this sitting leaves unprepared)")
                 return True
-        return False
+            state["out_of_time"] = True
+            deferred.append(run)
+            data = " with its data's preparation" if preparing else ""
+            progress(run, f"not started: ~{_hms(need)}{data} would end past --hours {args.hours:g}")
+            return True
+
+    def admit(run):
+        """Whether ``run`` goes to a job; its dataset is prepared first unless the run is left for later. Called
+        from the main thread (the jobs' threads only run fairseq's commands, which Ctrl-C stops)."""
+        if datasets.ready(run.dataset):
+            return True
+        if out_of_time(run, datasets.seconds_to_prepare(run.dataset), finished=U.done(work, run)):
+            return False
+        datasets.bin_dir(run.dataset)
+        return True
 
     def one(run):
-        if state.get("stopping") or out_of_time(run):
+        bin_dir = datasets.bin_dir(run.dataset)
+        # a run finished with its current commands takes no time
+        if state.get("stopping") or not U.current(run, args.scale, work, bin_dir) and out_of_time(run):
             return
         try:
-            record, skipped = U.execute(run, args.scale, work, bins[run.dataset], in_process=args.in_process)
+            record, skipped = U.execute(run, args.scale, work, bin_dir, in_process=args.in_process)
         except U.RunFailed as exc:
             if state.get("stopping"):
                 return
@@ -230,15 +279,21 @@ def execute(args, runs, work, bins, out, deadline=None, history=()):
 
     if args.jobs == 1:
         for run in runs:
-            one(run)
+            if admit(run):
+                one(run)
         return failures, deferred
     pool = ThreadPoolExecutor(max_workers=args.jobs)
+    queue, pending = list(runs), set()
     try:
-        pending = {pool.submit(one, run) for run in runs}
-        while pending:
-            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                fut.result()
+        while queue or pending:
+            while queue and len(pending) < args.jobs:
+                run = queue.pop(0)
+                if admit(run):
+                    pending.add(pool.submit(one, run))
+            if pending:
+                finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    fut.result()
     except BaseException:
         state["stopping"] = True
         U.stop_all()
@@ -295,23 +350,20 @@ def main(argv=None):
         print(f"[archive] {len(restored)} finished runs put back from {archive.folder(out)} into {work}", flush=True)
     command = "bet-reproduce " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     failures, deferred = [], []
-    prepare_s = 0.0
     try:
         if runs and not args.report_only:
             # every run is looked at, the finished ones too: one whose commands changed (a new default, a larger
             # --max-update) is done again; the others are skipped at once
-            bins, prepare_s = _prepare_data(args, runs, work)
             deadline = None if args.hours is None else started + args.hours * 3600
             history = [U.load(work, r) for r in everything if U.done(work, r)]
-            failures, deferred = execute(args, runs, work, bins, out, deadline, history)
-        elif args.data_dir and restored and not os.path.exists(data.raw_references(work)) \
-                and any(catalog.dataset(r.dataset).kind == "mt" for r in everything if U.done(work, r)):
+            failures, deferred = execute(args, runs, work, Datasets(args, runs, work), out, deadline, history)
+        elif args.data_dir and restored and not os.path.exists(data.raw_references(work)):
             # runs put back from the archive into a new work folder: the report scores their hypotheses
             # against the raw test references, which come with the prepared data
-            _, prepare_s = _prepare_data(args, [r for r in everything if U.done(work, r)], work, hints=False)
-        elif os.path.exists(os.path.join(work, "prepare.json")):
-            with open(os.path.join(work, "prepare.json"), encoding="utf-8") as f:
-                prepare_s = sum(json.load(f).values())
+            scored = [r for r in everything if U.done(work, r) and catalog.dataset(r.dataset).kind == "mt"]
+            datasets = Datasets(args, scored, work, hints=False)
+            for dataset in sorted({r.dataset for r in scored}):
+                datasets.bin_dir(dataset)
     except KeyboardInterrupt:
         print("\nbet-reproduce: interrupted. Finished runs are kept and an unfinished one resumes from its "
               "checkpoint_last.pt: run the same command again.", file=sys.stderr, flush=True)
@@ -322,6 +374,7 @@ def main(argv=None):
         archive.save(work, out, run)
     records = [rec for rec in (U.load(work, r) for r in everything) if rec is not None]
     missing = {part: [r.name for r in P.plan(args.scale, parts=[part]) if not U.done(work, r)] for part in P.PARTS}
+    prepare_s = sum(_prepare_seconds(work).values())
     path = report.write(out, args.scale, records, work, command, prepare_s, time.time() - started, missing,
                         plots=not args.no_plots)
     for run in everything:  # the report may have added a file to a run (the heatmap's attention.json)
