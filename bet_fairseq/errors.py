@@ -14,6 +14,7 @@ file or line is wrong and what to do. Two ways it reaches the user as one line:
 Pure Python: imports neither fairseq nor torch.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -74,6 +75,29 @@ def interrupt_main_process_only():
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, handler)
+
+
+@contextlib.contextmanager
+def worker_pool(processes, initializer, initargs=()):
+    """``multiprocessing.Pool`` that Ctrl-C cannot cut in half while it starts: SIGINT waits (blocked) until the
+    pool exists and its ``with`` block is entered, so the pool is always terminated as the interrupt unwinds. (A
+    pool interrupted inside its constructor was left to the interpreter's exit, whose worker handler forked new
+    workers that failed with tracebacks.) Its workers and threads start with SIGINT blocked: the main process
+    alone sees Ctrl-C."""
+    import multiprocessing
+
+    blocked = hasattr(signal, "pthread_sigmask")
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocked else None
+    try:
+        pool = multiprocessing.Pool(processes, initializer=initializer, initargs=initargs)
+    except BaseException:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        raise
+    with pool:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C that came meanwhile is raised here
+        yield pool
 
 
 def run_tool(prog, main, argv=None, interrupted="interrupted; run the same command again to go on"):

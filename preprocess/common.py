@@ -22,13 +22,12 @@ import unicodedata
 import urllib.error
 import urllib.request
 import zipfile
-from multiprocessing import Pool
 from typing import NamedTuple, Optional
 
 from tqdm import tqdm
 
 from bet_fairseq import __version__
-from bet_fairseq.errors import InputError, check_writable_folder, install_excepthook, run_tool
+from bet_fairseq.errors import InputError, check_writable_folder, install_excepthook, run_tool, worker_pool
 from bet_fairseq.files import atomic_path, atomic_write
 
 # a PrepareError that reaches the top of any command using these steps (bet-prepare-*, the demo,
@@ -404,7 +403,7 @@ def moses_tokenize(lines, lang, out_path, aggressive=False, escape=True, lowerca
     desc = desc or f"tokenise {os.path.basename(out_path)}"
     with atomic_write(out_path) as f:
         if workers > 1:
-            with Pool(workers, initializer=_moses_init, initargs=init) as pool:
+            with worker_pool(workers, _moses_init, init) as pool:
                 for tok in progress(pool.imap(_moses_line, lines, chunksize=256), desc):
                     f.write(tok + "\n")
         else:
@@ -482,7 +481,7 @@ def apply_bpe(codes_path, in_path, out_path, workers=1):
     desc = f"apply BPE {os.path.basename(out_path)}"
     with atomic_write(out_path) as f:
         if workers > 1:
-            with Pool(workers, initializer=_bpe_init, initargs=(codes_path,)) as pool:
+            with worker_pool(workers, _bpe_init, (codes_path,)) as pool:
                 for out in progress(pool.imap(_bpe_line, (l + "\n" for l in lines), chunksize=256), desc):
                     f.write(out)
         else:

@@ -25,7 +25,6 @@ import html
 import itertools
 import json
 import logging
-import multiprocessing
 import os
 import signal
 import sys
@@ -33,7 +32,7 @@ import time
 
 import numpy as np
 
-from bet_fairseq.errors import InputError, check_writable_folder, run_tool
+from bet_fairseq.errors import InputError, check_writable_folder, run_tool, worker_pool
 from bet_fairseq.files import atomic_path, atomic_write
 
 from .hint_rules import BPE_MARKER, SUBWORD_POLICIES, doc_hints, split_bpe
@@ -177,7 +176,7 @@ def hints_for_lines(nlp, lines, subword_policy="word", marker=BPE_MARKER, unesca
     if n_process == 1:
         yield from _hints_here(nlp, lines, *settings)
         return
-    with multiprocessing.Pool(n_process, initializer=init_worker, initargs=(nlp, *settings)) as pool:
+    with worker_pool(n_process, init_worker, (nlp, *settings)) as pool:
         for rows in pool.imap(_worker_hints, _chunks(lines, batch_size)):
             yield from rows
 
