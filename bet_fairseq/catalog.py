@@ -177,10 +177,14 @@ def _paper(*values) -> Dict[str, float]:
     return {d: v for d, v in zip(columns, values) if v is not None}
 
 
-_POINTER = {"--criterion": "label_smoothed_cross_entropy_with_pointer"}
 # BET(SG)'s pointer-loss setting (the paper gives no lambda_p): the criteria's defaults, so the row's runs use it.
 # Chosen by the study's sweep on Multi30k validation nll (bet-reproduce --part pointer; docs/bet_sg.md).
 POINTER_DEFAULT = {"pointer_lambda": 0.01, "pointer_heads": "mean"}
+# written out in the row's commands (last, where a sweep point's flags go): a run's command says its setting, so a
+# new default changes the commands of the runs made with the old one, and the default's runs are the sweep point's
+_POINTER_SETTING = {"--pointer-lambda": POINTER_DEFAULT["pointer_lambda"],
+                    "--pointer-heads": POINTER_DEFAULT["pointer_heads"]}
+_POINTER = {"--criterion": "label_smoothed_cross_entropy_with_pointer"}
 
 _ROW_LIST = [
     Row("vanilla", "Transformer", dict(self_attn_mode="vanilla"), _paper(35.26, 27.55, 54.53, 24.27, 1.164)),
@@ -214,10 +218,10 @@ _ROW_LIST = [
         # checkpoint_best and --patience on the token loss alone (nll_loss; the LM's with label smoothing 0), not
         # on the training loss, which includes lambda_p * L_p (also where the recipe would select on BLEU)
         train_flags={"mt": {"--task": "translation_syntax_hints", **_POINTER, "--best-checkpoint-metric": "nll_loss",
-                            "--maximize-best-checkpoint-metric": None},
+                            "--maximize-best-checkpoint-metric": None, **_POINTER_SETTING},
                      "lm": {"--task": "language_modeling_syntax_hints", **_POINTER, "--label-smoothing": 0.0,
                             "--sample-break-mode": "eos", "--skip-invalid-size-inputs-valid-test": True,
-                            "--best-checkpoint-metric": "nll_loss"}},
+                            "--best-checkpoint-metric": "nll_loss", **_POINTER_SETTING}},
         needs_syntax_hints=True,
         note="syntax pointer loss (--pointer-lambda / --pointer-heads: POINTER_DEFAULT); hints from bet-syntax-hints"),
     Row("bet_sf", "BET(SF)", dict(self_attn_mode="bet_sf"), _paper(35.85, 28.03, 52.97, 23.76, 1.153)),

@@ -13,6 +13,7 @@ import pytest
 
 from cli_utils import require_shared
 
+from bet_fairseq import catalog
 from bet_fairseq.tools.study import plan as P
 from bet_fairseq.tools.results.curves import parse_log
 from bet_fairseq.tools.study.cli import main
@@ -68,6 +69,10 @@ def test_smoke_study_writes_the_report(study):
     assert data["test_resampling"]["multi30k"]["bet_sf"]["seeds"] == [1, 2]
     sweep = data["pointer_sweep"]
     assert sweep["complete"] and len(sweep["points"]) == 6 and "chosen" in sweep
+    # BET(SG)'s seed 1 at the default setting is trained once: the row's run is a copy of the default's point
+    default = "bet_sg+" + P.pointer_setting(*catalog.POINTER_DEFAULT.values())
+    copies = {(r["dataset"], r["system"], r["seed"]): r.get("copied_from") for r in data["runs"] if r.get("copied_from")}
+    assert copies == {("multi30k", "bet_sg", 1): f"multi30k/{default}/seed1"}
     assert [p["scale"] for p in data["diag_sweep"]["points"]] == list(P.DIAG_SCALES)
     for d in P.DATASETS:
         assert set(data["table1"][d]) == set(P.ANALYSED)

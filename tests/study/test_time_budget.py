@@ -44,7 +44,7 @@ def fake_study(monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "time", types.SimpleNamespace(time=lambda: clock["now"]))
     monkeypatch.setattr(cli, "_prepare_dataset", prepare_dataset)
     monkeypatch.setattr(U, "execute", execute)
-    monkeypatch.setattr(U, "current", lambda run, scale, work, bin_dir: False)
+    monkeypatch.setattr(U, "takes_no_time", lambda run, scale, work, bin_dir: False)
     monkeypatch.setattr(U, "done", lambda work, run: run.name in done)
     monkeypatch.setattr(archive, "save", lambda work, out, run: None)
     # Multi30k was prepared in an earlier sitting: its preparation is weighed at 0 s

@@ -44,7 +44,7 @@ def places(work: str, train_command: Optional[str] = None) -> Dict[str, str]:
     return {"{work}": os.path.abspath(work), "{user_dir}": user_dir, "{bin}": os.path.dirname(tool)}
 
 
-def _swap(text: str, pairs) -> str:
+def swap_folders(text: str, pairs) -> str:
     for old, new in sorted(pairs, key=lambda p: -len(p[0])):  # the longest first: one folder may hold another
         if old:  # a command found on PATH by a bare name has no folder
             text = text.replace(old, new)
@@ -54,7 +54,7 @@ def _swap(text: str, pairs) -> str:
 def _copy(src: str, dst: str, pairs) -> None:
     """Copy one kept file with its folders swapped; a marker gets its digest again (its text changed)."""
     with open(src, encoding="utf-8") as f:
-        text = _swap(f.read(), pairs)
+        text = swap_folders(f.read(), pairs)
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     if os.path.basename(src) in MARKED:
         record = json.loads(text)
@@ -69,7 +69,7 @@ def _copy(src: str, dst: str, pairs) -> None:
         f.write(text)
 
 
-def _copy_kept(src: str, dst: str, pairs) -> None:
+def copy_kept(src: str, dst: str, pairs) -> None:
     """Copy the kept files a run's folder ``src`` has into ``dst``."""
     for name in KEPT:
         if os.path.exists(os.path.join(src, name)):
@@ -84,7 +84,7 @@ def save(work: str, out: str, run: P.Run) -> bool:
     dst = U.run_dir(out, run)
     with open(U.record_path(work, run), encoding="utf-8") as f:
         made_with = json.load(f)["settings"]["train"]
-    _copy_kept(src, dst, [(folder_, name) for name, folder_ in places(work, made_with).items()])
+    copy_kept(src, dst, [(folder_, name) for name, folder_ in places(work, made_with).items()])
     return True
 
 
@@ -110,7 +110,7 @@ def restore(out: str, work: str, runs: List[P.Run], say=print) -> List[str]:
         dst = U.run_dir(work, run)
         if os.path.isdir(dst):
             U.forget_training(dst)
-        _copy_kept(src, dst, pairs)
+        copy_kept(src, dst, pairs)
         restored.append(run.name)
     return restored
 

@@ -185,7 +185,7 @@ def execute(args, runs, work, datasets, out, deadline=None, history=()):
     those are left for the next invocation. A run's estimate is the scale's figure times what the runs finished
     here took against theirs, or, before any has, the records in ``history`` (runs finished earlier); the first
     unfinished run of a dataset not prepared yet is weighed with its preparation. Returns (failures, runs left)."""
-    from . import archive
+    from . import archive, twins
     from . import runs as U
 
     sc = P.SCALE_TABLE[args.scale]
@@ -230,6 +230,8 @@ def execute(args, runs, work, datasets, out, deadline=None, history=()):
             else:
                 metric = "BLEU" if record["metric"] == "bleu" else "ppl"
                 how = "already done" if skipped else f"{U.run_seconds(record):.0f} s"
+                if twins.is_copy(record):
+                    how += f", a copy of {record[twins.COPIED_FROM]}"
                 what = f"{metric} {record['value']:.2f} ({how})"
             progress(run, what)
 
@@ -263,8 +265,7 @@ def execute(args, runs, work, datasets, out, deadline=None, history=()):
 
     def one(run):
         bin_dir = datasets.bin_dir(run.dataset)
-        # a run finished with its current commands takes no time
-        if state.get("stopping") or not U.current(run, args.scale, work, bin_dir) and out_of_time(run):
+        if state.get("stopping") or not U.takes_no_time(run, args.scale, work, bin_dir) and out_of_time(run):
             return
         try:
             record, skipped = U.execute(run, args.scale, work, bin_dir, in_process=args.in_process)
@@ -341,7 +342,7 @@ def main(argv=None):
     except InputError as exc:
         print(one_line("bet-reproduce", exc), file=sys.stderr)
         return 2
-    from . import archive, data, report
+    from . import archive, data, report, twins
     from . import runs as U
 
     everything = P.plan(args.scale)
@@ -355,7 +356,7 @@ def main(argv=None):
             # every run is looked at, the finished ones too: one whose commands changed (a new default, a larger
             # --max-update) is done again; the others are skipped at once
             deadline = None if args.hours is None else started + args.hours * 3600
-            history = [U.load(work, r) for r in everything if U.done(work, r)]
+            history = [rec for rec in (U.load(work, r) for r in everything) if rec and not twins.is_copy(rec)]
             failures, deferred = execute(args, runs, work, Datasets(args, runs, work), out, deadline, history)
         elif args.data_dir and restored and not os.path.exists(data.raw_references(work)):
             # runs put back from the archive into a new work folder: the report scores their hypotheses

@@ -40,9 +40,8 @@ def _number(value) -> str:
 
 
 def pointer_setting(pointer_lambda: float, heads: str) -> str:
-    """The setting name of a BET(SG) pointer-loss point; the catalog's default is the row itself ("")."""
-    if (pointer_lambda, heads) == (catalog.POINTER_DEFAULT["pointer_lambda"], catalog.POINTER_DEFAULT["pointer_heads"]):
-        return ""
+    """The setting name of a BET(SG) pointer-loss point, the default's included: a point keeps its name whatever
+    the default (the row's runs at the default have the same commands, and are copied from it: ``twins``)."""
     return f"lambda{_number(pointer_lambda)}-{heads}"
 
 
@@ -55,7 +54,7 @@ SETTINGS: Dict[str, Flags] = {
     # sample), evaluated on 512-token blocks like every row: BET(SG) minus it compares like with like.
     "sentences": {"--sample-break-mode": "eos", "--skip-invalid-size-inputs-valid-test": True},
     **{pointer_setting(lam, heads): {"--pointer-lambda": lam, "--pointer-heads": heads}
-       for lam in POINTER_LAMBDAS for heads in POINTER_HEADS if pointer_setting(lam, heads)},
+       for lam in POINTER_LAMBDAS for heads in POINTER_HEADS},
     **{f"x{_number(c)}": {"--diag-scale": c} for c in DIAG_SCALES if c != 1.0},
 }
 # system -> the system it is also compared with, like for like (BET(SG)'s language model trains on sentences
@@ -107,7 +106,8 @@ PARTS: Dict[str, List[Arm]] = {
     "headline": [Arm("multi30k", r, role="headline", seeds_to=3) for r in (BASELINE, HEADLINE)],
     "headline2": [Arm("multi30k", r, role="headline", seeds_from=4, seeds_to=6) for r in (BASELINE, HEADLINE)],
     "headline3": [Arm("multi30k", r, role="headline", seeds_from=7) for r in (BASELINE, HEADLINE)],
-    # BET(SG)'s lambda_p x --pointer-heads sweep (chosen on validation nll); its default point is the row itself
+    # BET(SG)'s lambda_p x --pointer-heads sweep (chosen on validation nll); the row's seeds that the default's point
+    # has are copies of its runs (twins)
     "pointer": [Arm("multi30k", *pointer_point(lam, "mean"), role="sweep") for lam in POINTER_LAMBDAS],
     "pointer2": [Arm("multi30k", *pointer_point(lam, "first"), role="sweep") for lam in POINTER_LAMBDAS],
     "rows": [Arm("multi30k", "diagfree"), Arm("multi30k", "bet_sg")],

@@ -23,6 +23,7 @@ from . import archive
 from . import plan as P
 from . import runs as U
 from . import stats as S
+from . import twins
 
 # The paper's Table 1: converged 6-layer Transformers (MT: IWSLT14 De-En decoder; LM: WikiText-2).
 PAPER_TABLE1 = {
@@ -743,7 +744,8 @@ def markdown(data):
         cut = (f"{pl['from']:.3f} @ {pl['from_update']} -> {pl['to']:.3f} @ {pl['to_update']}" if pl else "-")
         drop = f"{100 * pl['relative_drop']:.2f}%" if pl else "-"
         cpu = r.get("cpu_time_s") or {}
-        L.append(f"| {r['dataset']} | {label_of(r['system'])} | {r['seed']} | {r.get('num_updates')} | "
+        copy = f" (a copy of {r[twins.COPIED_FROM]}: the same commands)" if twins.is_copy(r) else ""
+        L.append(f"| {r['dataset']} | {label_of(r['system'])}{copy} | {r['seed']} | {r.get('num_updates')} | "
                  f"{_f(r['value'])} | {cut} | {drop} | {'yes' if pl and pl['met'] else 'no' if pl else '-'} | "
                  f"{_f(cpu.get('train'), 0)} | {_f(cpu.get('eval'), 0)} | {_f(U.run_seconds(r), 0)} | "
                  f"{'yes' if r.get('resumed') else 'no'} |")
@@ -763,8 +765,8 @@ def markdown(data):
     L.append(f"- report written by the code at commit: {m.get('commit') or 'unknown (not a git checkout)'}")
     t = data["time"]
     L.append(f"- time: runs {t['runs_s'] / 3600:.2f} h wall and {t['runs_cpu_s'] / 3600:.2f} h CPU in all (train + "
-             f"evaluation, summed over runs; several ran side by side), data preparation {t['prepare_s'] / 60:.1f} min, "
-             f"this invocation {t['invocation_s'] / 60:.1f} min")
+             f"evaluation, summed over the runs trained, not their copies; several ran side by side), data "
+             f"preparation {t['prepare_s'] / 60:.1f} min, this invocation {t['invocation_s'] / 60:.1f} min")
     L.append("")
     return "\n".join(L)
 
@@ -777,6 +779,7 @@ def write(out, scale, records, work, command, prepare_s, invocation_s, missing, 
     records = sorted(records, key=lambda r: (dataset_order().index(r["dataset"]), system_order(system_of(r)),
                                              r["seed"]))
     records, refs = enrich(records, work)
+    trained = [r for r in records if not twins.is_copy(r)]  # a copy's time is its twin's
     summary = summarise(records)
     data = {
         "scale": scale, "command": command,
@@ -785,8 +788,8 @@ def write(out, scale, records, work, command, prepare_s, invocation_s, missing, 
         "summary": summary, "test_resampling": test_resampling(records, refs, sc.bootstrap_resamples),
         "significance": significance(records, refs, sc), "pointer_sweep": pointer_sweep(records, scale),
         "diag_sweep": diag_sweep(summary), "table1": table1(records), "runs": records, "missing": missing,
-        "time": {"runs_s": round(sum(U.run_seconds(r) for r in records), 1),
-                 "runs_cpu_s": round(sum(v or 0 for r in records for v in (r.get("cpu_time_s") or {}).values()), 1),
+        "time": {"runs_s": round(sum(U.run_seconds(r) for r in trained), 1),
+                 "runs_cpu_s": round(sum(v or 0 for r in trained for v in (r.get("cpu_time_s") or {}).values()), 1),
                  "prepare_s": round(prepare_s, 1), "invocation_s": round(invocation_s, 1)},
         "figures": [],
     }

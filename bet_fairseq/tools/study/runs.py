@@ -93,10 +93,15 @@ def _settings(run, scale, work, bin_dir):
     return the_job, train_settings, {**train_settings, "eval": shlex.join(eval_argv)}
 
 
-def current(run, scale, work, bin_dir):
-    """Whether the run finished with the commands it would run now (``execute`` only reads its record)."""
+def takes_no_time(run, scale, work, bin_dir):
+    """Whether ``execute`` would train nothing: the run finished with the commands it would run now (its record
+    is read), or a finished run of another name has them (it is copied: ``twins``)."""
+    from . import twins
+
+    settings = _settings(run, scale, work, bin_dir)[2]
     marker = record_path(work, run)
-    return os.path.exists(marker) and markers.problem(marker, _settings(run, scale, work, bin_dir)[2]) is None
+    return (os.path.exists(marker) and markers.problem(marker, settings) is None
+            or twins.find(run, settings, work) is not None)
 
 
 def execute(run, scale, work, bin_dir, in_process=False):
@@ -112,6 +117,13 @@ def execute(run, scale, work, bin_dir, in_process=False):
     record = markers.read(marker, settings, say=_say)
     if record is not None:
         return record, True
+    from . import twins
+
+    twin = twins.find(run, settings, work)
+    if twin is not None:
+        _say(f"{run.name}: {os.path.relpath(twin, os.path.join(work, 'runs'))} has the same commands: copied, "
+             "not trained again")
+        return twins.copy(run, twin, work, settings), True
     os.makedirs(save, exist_ok=True)
     started, trained = os.path.join(save, "train.started.json"), os.path.join(save, "train.done.json")
     timing = markers.read(trained, train_settings, say=_say)

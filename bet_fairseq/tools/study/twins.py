@@ -1,0 +1,64 @@
+"""A run whose commands are those of a run finished under another name is copied from it, not trained again: the
+same commands give the same model. BET(SG)'s row at the default pointer-loss setting and that setting's point of
+the lambda_p sweep are such twins; a new default makes the row's runs the twins of another point, with nothing
+renamed and nothing trained twice.
+
+Commands are compared with the other run's folder read as this one's (``--save-dir``, ``--path``). The copy has
+the kept files of a run (``archive.KEPT``: the record, training log and test hypotheses), no checkpoints; its record
+names its own system and says where it was copied from (``copied_from``), and the report counts its time once.
+"""
+
+import json
+import os
+from typing import Optional
+
+from bet_fairseq.tools import markers
+from . import archive
+from . import plan as P
+from . import runs as U
+
+COPIED_FROM = "copied_from"  # in a copy's record: the name of the run it was copied from
+
+
+def _same(text_of_other: str, other_dir: str, run_dir: str, settings: dict) -> bool:
+    return json.loads(archive.swap_folders(text_of_other, [(other_dir, run_dir)])) == settings
+
+
+def find(run: P.Run, settings: dict, work: str) -> Optional[str]:
+    """The folder of a finished run of ``work`` (the same dataset and seed, another system) whose commands are
+    ``settings`` once its folder is read as ``run``'s; None when there is none."""
+    systems = os.path.join(work, "runs", run.dataset)
+    if not os.path.isdir(systems):
+        return None
+    own = U.run_dir(work, run)
+    for system in sorted(os.listdir(systems)):
+        other = os.path.join(systems, system, f"seed{run.seed}")
+        marker = os.path.join(other, U.RECORD)
+        if other == own or not os.path.exists(marker) or markers.problem(marker) is not None:
+            continue
+        with open(marker, encoding="utf-8") as f:
+            made_with = json.load(f).get("settings")
+        if made_with is not None and _same(json.dumps(made_with), other, own, settings):
+            return other
+    return None
+
+
+def copy(run: P.Run, source: str, work: str, settings: dict) -> dict:
+    """Make ``run`` a copy of the finished run in ``source`` (its kept files, folders swapped); returns the record."""
+    own = U.run_dir(work, run)
+    if os.path.isdir(own):  # a run of other settings, or an interrupted training: the twin is finished
+        U.forget_training(own)
+        for name in archive.KEPT + U.DERIVED:
+            if os.path.exists(os.path.join(own, name)):
+                os.remove(os.path.join(own, name))
+    archive.copy_kept(source, own, [(source, own)])
+    with open(U.record_path(work, run), encoding="utf-8") as f:
+        record = json.load(f)
+    record = {k: v for k, v in record.items() if k not in ("settings", "digest")}
+    record.update(row=run.row, setting=run.setting, system=run.system, row_label=P.system_label(run.row, run.setting),
+                  **{COPIED_FROM: os.path.relpath(source, os.path.join(work, "runs"))})
+    return markers.write(U.record_path(work, run), record, settings)
+
+
+def is_copy(record: dict) -> bool:
+    return bool(record.get(COPIED_FROM))

@@ -1,0 +1,112 @@
+"""Twins (``tools/study/twins.py``), without fairseq: BET(SG)'s row at the default pointer-loss setting has the
+commands of the default's sweep point, so a finished point is copied into the row instead of trained again; a new
+default makes the row the twin of another point; a run whose commands differ is trained."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from bet_fairseq import catalog
+from bet_fairseq.tools import markers
+from bet_fairseq.tools.study import plan as P
+from bet_fairseq.tools.study import runs as U
+from bet_fairseq.tools.study import twins
+
+BIN = "/data/multi30k/data-bin"
+DEFAULT = (catalog.POINTER_DEFAULT["pointer_lambda"], catalog.POINTER_DEFAULT["pointer_heads"])
+ROW = P.Run("multi30k", "bet_sg", 1)
+
+
+def point(lam, heads, seed=1):
+    row, setting = P.pointer_point(lam, heads)
+    return P.Run("multi30k", row, seed, setting)
+
+
+def settings(run, work):
+    return U._settings(run, "cpu", str(work), BIN)[2]
+
+
+def current(run, work):
+    """The run's record when its marker holds with its current commands, else None."""
+    return markers.read(U.record_path(str(work), run), settings(run, work), say=lambda why: None)
+
+
+def finish(run, work, value):
+    """A finished run as ``runs.execute`` leaves it: its record and kept files, made with its current commands."""
+    folder = U.run_dir(str(work), run)
+    os.makedirs(folder)
+    made_with = settings(run, work)
+    markers.write(os.path.join(folder, "train.done.json"), {"num_updates": 6000}, {"train": made_with["train"]})
+    markers.write(os.path.join(folder, U.RECORD), {"dataset": run.dataset, "row": run.row, "setting": run.setting,
+                                                   "system": run.system, "seed": run.seed, "metric": "bleu",
+                                                   "value": value, "dir": folder,
+                                                   "wall_time_s": {"train": 2700.0, "eval": 40.0}}, made_with)
+    with open(os.path.join(folder, "hyp.detok.txt"), "w", encoding="utf-8") as f:
+        f.write(f"hypothesis of {run.system}\n")
+    with open(os.path.join(folder, "train.log"), "w", encoding="utf-8") as f:
+        f.write(f"--save-dir {folder}\n")
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    trained = []
+
+    def train(job, in_process=False):
+        trained.append(job.save_dir)
+        raise U.RunFailed("trained")
+
+    monkeypatch.setattr(U.executor, "train", train)
+    return trained
+
+
+def test_the_row_at_the_default_has_its_points_commands():
+    # by hand: the row's command is the point's with the point's folder name replaced by the row's
+    row, twin = settings(ROW, "/w"), settings(point(*DEFAULT), "/w")
+    assert row != twin
+    assert json.dumps(twin).replace(f"bet_sg+{P.pointer_setting(*DEFAULT)}/", "bet_sg/") == json.dumps(row)
+    lam, heads = DEFAULT
+    assert f"--pointer-lambda {lam:g} --pointer-heads {heads}" in row["train"]
+
+
+def test_a_finished_point_is_copied_into_the_row(tmp_path, no_training):
+    finish(point(*DEFAULT), tmp_path, 40.5)
+    finish(point(0.05, "mean"), tmp_path, 39.0)
+    assert U.takes_no_time(ROW, "cpu", str(tmp_path), BIN)
+    record, skipped = U.execute(ROW, "cpu", str(tmp_path), BIN)
+    assert no_training == [] and skipped
+    assert record["value"] == 40.5 and record["system"] == "bet_sg" and record["setting"] == ""
+    assert record[twins.COPIED_FROM] == point(*DEFAULT).name
+    assert record["dir"] == U.run_dir(str(tmp_path), ROW) and record["wall_time_s"]["train"] == 2700.0
+    assert current(ROW, tmp_path) == record  # a finished run now: its marker holds
+    folder = U.run_dir(str(tmp_path), ROW)
+    assert open(os.path.join(folder, "hyp.detok.txt")).read() == f"hypothesis of bet_sg+{P.pointer_setting(*DEFAULT)}\n"
+    assert open(os.path.join(folder, "train.log")).read() == f"--save-dir {folder}\n"
+    done = json.load(open(os.path.join(folder, "train.done.json")))
+    assert done["settings"]["train"] == settings(ROW, tmp_path)["train"]
+    assert twins.is_copy(record) and not twins.is_copy(json.load(open(U.record_path(str(tmp_path), point(*DEFAULT)))))
+
+
+def test_a_run_of_other_commands_is_trained(tmp_path, no_training):
+    finish(point(0.05, "mean"), tmp_path, 39.0)
+    finish(P.Run("multi30k", "bet_sg", 2), tmp_path, 40.0)  # the row's own seed 2: another seed is no twin
+    assert not U.takes_no_time(ROW, "cpu", str(tmp_path), BIN)
+    with pytest.raises(U.RunFailed, match="trained"):
+        U.execute(ROW, "cpu", str(tmp_path), BIN)
+    assert no_training == [U.run_dir(str(tmp_path), ROW)]
+
+
+def test_a_new_default_makes_the_row_the_twin_of_another_point(tmp_path, no_training, monkeypatch):
+    finish(point(*DEFAULT), tmp_path, 40.5)
+    finish(point(0.002, "mean"), tmp_path, 41.3)
+    U.execute(ROW, "cpu", str(tmp_path), BIN)  # the row: a copy of the old default's point
+    # the default becomes lambda_p 0.002: the row's commands are now those of that point
+    row = catalog.ROWS["bet_sg"]
+    flags = {kind: dict(f, **{"--pointer-lambda": 0.002}) for kind, f in row.train_flags.items()}
+    monkeypatch.setitem(catalog.ROWS, "bet_sg", dataclasses.replace(row, train_flags=flags))
+    assert current(ROW, tmp_path) is None
+    record, _ = U.execute(ROW, "cpu", str(tmp_path), BIN)
+    assert no_training == [] and record["value"] == 41.3 and record[twins.COPIED_FROM] == point(0.002, "mean").name
+    # the old default's point is left as it was
+    assert json.load(open(U.record_path(str(tmp_path), point(*DEFAULT))))["value"] == 40.5
