@@ -110,3 +110,10 @@ def test_a_new_default_makes_the_row_the_twin_of_another_point(tmp_path, no_trai
     assert no_training == [] and record["value"] == 41.3 and record[twins.COPIED_FROM] == point(0.002, "mean").name
     # the old default's point is left as it was
     assert json.load(open(U.record_path(str(tmp_path), point(*DEFAULT))))["value"] == 40.5
+
+
+def test_the_plan_knows_its_copies():
+    # the row's seeds 1-2 on Multi30k come after the default's point (part pointer, 2 seeds); seed 3 and the
+    # language models have no twin
+    assert twins.copies_in(P.plan("cpu"), "cpu") == {P.Run("multi30k", "bet_sg", s) for s in (1, 2)}
+    assert twins.copies_in(P.plan("cpu", parts=["rows"]), "cpu") == set()  # alone, the row's runs are trained

@@ -90,12 +90,13 @@ def check_options(args):
 
 
 def describe(args, runs, work, out):
-    from . import archive
+    from . import archive, twins
     from . import runs as U
 
     sc = P.SCALE_TABLE[args.scale]
     done = [r for r in runs if U.done(work, r) or archive.holds(out, r)]
-    left = [r for r in runs if r not in done]
+    copies = twins.copies_in(runs, args.scale)  # no time: copied from their twins
+    left = [r for r in runs if r not in done and r not in copies]
     print(f"bet-reproduce --scale {args.scale}: {sc.description}")
     counted = []
     for part in args.part or P.PARTS:
@@ -106,14 +107,15 @@ def describe(args, runs, work, out):
         systems = {}
         for r in mine:
             systems[f"{r.dataset}/{r.system}"] = systems.get(f"{r.dataset}/{r.system}", 0) + 1
-        hours = P.expected_seconds(args.scale, mine, args.jobs, prepare=False) / 3600
-        print(f"  part {part}: {len(mine)} runs, ~{hours:.1f} {'GPU-' if sc.device == 'gpu' else ''}hours with "
-              f"--jobs {args.jobs} (after the parts above it; data preparation apart): "
-              + ", ".join(f"{k} x{n}" for k, n in systems.items()))
+        hours = P.expected_seconds(args.scale, [r for r in mine if r not in copies], args.jobs, prepare=False) / 3600
+        copied = sum(r in copies for r in mine)
+        print(f"  part {part}: {len(mine)} runs{f' ({copied} copies)' if copied else ''}, ~{hours:.1f} "
+              f"{'GPU-' if sc.device == 'gpu' else ''}hours with --jobs {args.jobs} (after the parts above it; data "
+              "preparation apart): " + ", ".join(f"{k} x{n}" for k, n in systems.items()))
     others = [r for r in runs if r not in counted]
     if others:
         print("  rows outside the parts: " + ", ".join(r.name for r in others))
-    total = P.expected_seconds(args.scale, runs, args.jobs)
+    total = P.expected_seconds(args.scale, [r for r in runs if r not in copies], args.jobs)
     rest = P.expected_seconds(args.scale, left, args.jobs, prepare=bool(left))
     unit = "GPU-hours" if sc.device == "gpu" else "hours"
     print(f"  {len(runs)} runs, {len(done)} finished; expected {total / 3600:.1f} {unit} in all with --jobs "

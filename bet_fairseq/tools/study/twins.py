@@ -62,3 +62,14 @@ def copy(run: P.Run, source: str, work: str, settings: dict) -> dict:
 
 def is_copy(record: dict) -> bool:
     return bool(record.get(COPIED_FROM))
+
+
+def copies_in(runs, scale: str) -> set:
+    """The runs of ``runs`` that will be copies, not trained: each has the commands of a run before it."""
+    first, copies = set(), set()
+    for run in runs:
+        commands = (run.dataset, *map(tuple, U.commands(run, scale, "{bin}", "{run}")))  # folders left out
+        if commands in first:
+            copies.add(run)
+        first.add(commands)
+    return copies
