@@ -81,7 +81,7 @@ def table1(checkpoint, data, max_batches):
 
 
 def _say(message):
-    print(f"[study] {message}", flush=True)
+    print(f"[study] {message}\n", end="", flush=True)  # one write: the jobs' threads print side by side
 
 
 def _settings(run, scale, work, bin_dir):
