@@ -75,6 +75,8 @@ def interrupt_main_process_only():
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, handler)
+    if hasattr(signal, "pthread_sigmask"):  # a mask inherited from the parent (a test runner's) would hold it forever
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 @contextlib.contextmanager
