@@ -48,7 +48,7 @@ def copy(run: P.Run, source: str, work: str, settings: dict) -> dict:
     own = U.run_dir(work, run)
     if os.path.isdir(own):  # a run of other settings, or an interrupted training: the twin is finished
         U.forget_training(own)
-        for name in archive.KEPT + U.DERIVED:
+        for name in archive.KEPT:  # Table 1 and the attention among them
             if os.path.exists(os.path.join(own, name)):
                 os.remove(os.path.join(own, name))
     archive.copy_kept(source, own, [(source, own)])
