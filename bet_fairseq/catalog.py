@@ -179,7 +179,7 @@ def _paper(*values) -> Dict[str, float]:
 
 # BET(SG)'s pointer-loss setting (the paper gives no lambda_p): the criteria's defaults, so the row's runs use it.
 # Chosen by the study's sweep on Multi30k validation nll (bet-reproduce --part pointer; docs/bet_sg.md).
-POINTER_DEFAULT = {"pointer_lambda": 0.01, "pointer_heads": "mean"}
+POINTER_DEFAULT = {"pointer_lambda": 0.002, "pointer_heads": "first"}
 # written out in the row's commands (last, where a sweep point's flags go): a run's command says its setting, so a
 # new default changes the commands of the runs made with the old one, and the default's runs are the sweep point's
 _POINTER_SETTING = {"--pointer-lambda": POINTER_DEFAULT["pointer_lambda"],

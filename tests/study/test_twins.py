@@ -99,15 +99,20 @@ def test_a_run_of_other_commands_is_trained(tmp_path, no_training):
 
 def test_a_new_default_makes_the_row_the_twin_of_another_point(tmp_path, no_training, monkeypatch):
     finish(point(*DEFAULT), tmp_path, 40.5)
-    finish(point(0.002, "mean"), tmp_path, 41.3)
+    other = next(p for p in ((0.05, "mean"), (0.002, "first")) if p != DEFAULT)
+    finish(point(*other), tmp_path, 41.3)
     U.execute(ROW, "cpu", str(tmp_path), BIN)  # the row: a copy of the old default's point
-    # the default becomes lambda_p 0.002: the row's commands are now those of that point
+    # the default becomes the other point: the row's commands are now that point's
     row = catalog.ROWS["bet_sg"]
-    flags = {kind: dict(f, **{"--pointer-lambda": 0.002}) for kind, f in row.train_flags.items()}
+    flags = {kind: dict(f, **{"--pointer-lambda": other[0], "--pointer-heads": other[1]})
+             for kind, f in row.train_flags.items()}
     monkeypatch.setitem(catalog.ROWS, "bet_sg", dataclasses.replace(row, train_flags=flags))
     assert current(ROW, tmp_path) is None
+    # the report leaves out the row's run of the old default (its record is still there, whole)
+    assert U.done(str(tmp_path), ROW) and U.load_current(str(tmp_path), ROW, "cpu") is None
     record, _ = U.execute(ROW, "cpu", str(tmp_path), BIN)
-    assert no_training == [] and record["value"] == 41.3 and record[twins.COPIED_FROM] == point(0.002, "mean").name
+    assert U.load_current(str(tmp_path), ROW, "cpu") == record
+    assert no_training == [] and record["value"] == 41.3 and record[twins.COPIED_FROM] == point(*other).name
     # the old default's point is left as it was
     assert json.load(open(U.record_path(str(tmp_path), point(*DEFAULT))))["value"] == 40.5
 
@@ -117,3 +122,8 @@ def test_the_plan_knows_its_copies():
     # language models have no twin
     assert twins.copies_in(P.plan("cpu"), "cpu") == {P.Run("multi30k", "bet_sg", s) for s in (1, 2)}
     assert twins.copies_in(P.plan("cpu", parts=["rows"]), "cpu") == set()  # alone, the row's runs are trained
+    # the row's seeds 1-2 after the default's point has finished (another invocation): copies, not trained
+    finished = [point(*DEFAULT, seed) for seed in (1, 2)]
+    assert twins.copies_in(P.plan("cpu", parts=["rows"]), "cpu", finished) == {P.Run("multi30k", "bet_sg", s)
+                                                                               for s in (1, 2)}
+    assert twins.copies_in(P.plan("cpu", parts=["rows"]), "cpu", [point(0.05, "mean", 1)]) == set()

@@ -94,8 +94,11 @@ def describe(args, runs, work, out):
     from . import runs as U
 
     sc = P.SCALE_TABLE[args.scale]
-    done = [r for r in runs if U.done(work, r) or archive.holds(out, r)]
-    copies = twins.copies_in(runs, args.scale)  # no time: copied from their twins
+    # finished here with this code's commands, or kept in the archive (checked once it is put back)
+    finished = [r for r in P.plan(args.scale) + runs
+                if U.load_current(work, r, args.scale) or not U.done(work, r) and archive.holds(out, r)]
+    done = [r for r in runs if r in finished]
+    copies = twins.copies_in(runs, args.scale, finished)  # no time: copied from their twins
     left = [r for r in runs if r not in done and r not in copies]
     print(f"bet-reproduce --scale {args.scale}: {sc.description}")
     counted = []
@@ -375,8 +378,9 @@ def main(argv=None):
     # every finished run, those made by an earlier invocation or an older version of this code included)
     for run in everything:
         archive.save(work, out, run)
-    records = [rec for rec in (U.load(work, r) for r in everything) if rec is not None]
-    missing = {part: [r.name for r in P.plan(args.scale, parts=[part]) if not U.done(work, r)] for part in P.PARTS}
+    current = {r: U.load_current(work, r, args.scale) for r in everything}  # a run of an older default is not
+    records = [rec for rec in current.values() if rec is not None]
+    missing = {part: [r.name for r in P.plan(args.scale, parts=[part]) if current.get(r) is None] for part in P.PARTS}
     prepare_s = sum(_prepare_seconds(work).values())
     path = report.write(out, args.scale, records, work, command, prepare_s, time.time() - started, missing,
                         plots=not args.no_plots)

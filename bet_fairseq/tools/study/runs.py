@@ -290,3 +290,14 @@ def done(work, run):
 
 def load(work, run):
     return _read_json(record_path(work, run)) if done(work, run) else None
+
+
+def load_current(work, run, scale):
+    """The run's record when it finished with the commands this code gives it now; None otherwise (unfinished, or
+    made with an older default or a smaller --max-update: ``execute`` does it again, the report leaves it out).
+    The data folder is read from the run's own command, so the dataset need not be prepared here."""
+    record = load(work, run)
+    if record is None:
+        return None
+    bin_dir = shlex.split(record["settings"]["train"])[1]
+    return record if markers.problem(record_path(work, run), _settings(run, scale, work, bin_dir)[2]) is None else None

@@ -64,11 +64,17 @@ def is_copy(record: dict) -> bool:
     return bool(record.get(COPIED_FROM))
 
 
-def copies_in(runs, scale: str) -> set:
-    """The runs of ``runs`` that will be copies, not trained: each has the commands of a run before it."""
-    first, copies = set(), set()
+def _commands(run: P.Run, scale: str) -> tuple:
+    return (run.dataset, *map(tuple, U.commands(run, scale, "{bin}", "{run}")))  # folders left out
+
+
+def copies_in(runs, scale: str, finished=()) -> set:
+    """The runs of ``runs`` that will be copies, not trained: each has the commands of a run before it or of one of
+    the ``finished`` runs outside ``runs``."""
+    first = {_commands(r, scale) for r in finished if r not in runs}
+    copies = set()
     for run in runs:
-        commands = (run.dataset, *map(tuple, U.commands(run, scale, "{bin}", "{run}")))  # folders left out
+        commands = _commands(run, scale)
         if commands in first:
             copies.add(run)
         first.add(commands)
