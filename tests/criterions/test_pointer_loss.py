@@ -104,7 +104,7 @@ def test_pointer_term_matches_a_loop_over_captured_attention(built):
     model.eval()
     sample = make_sample(task)
     lam = 0.3
-    crit = LabelSmoothedCrossEntropyWithPointerCriterion(task, False, 0.1, pointer_lambda=lam)
+    crit = LabelSmoothedCrossEntropyWithPointerCriterion(task, False, 0.1, pointer_lambda=lam, pointer_heads="mean")
     base = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)
     loss, _, log = crit(model, sample)
     modules = decoder_self_attentions(model)
@@ -157,7 +157,7 @@ def test_one_sgd_step_raises_attention_at_the_hints(built):
         return sum(values) / len(values)
 
     before = attention_at_hints()
-    crit = LabelSmoothedCrossEntropyWithPointerCriterion(task, False, 0.0, pointer_lambda=1.0)
+    crit = LabelSmoothedCrossEntropyWithPointerCriterion(task, False, 0.0, pointer_lambda=1.0, pointer_heads="mean")
     loss, _, _ = crit(model, sample)
     model.zero_grad()
     loss.backward()
@@ -210,10 +210,10 @@ def test_errors(tmp_path):
 
 
 def test_cli_options_reach_the_criterion(tmp_path):
-    task, model, args = build(tmp_path, extra=["--pointer-lambda", "0.25", "--pointer-heads", "first"])
+    task, model, args = build(tmp_path, extra=["--pointer-lambda", "0.25", "--pointer-heads", "all"])
     crit = task.build_criterion(args)
     assert isinstance(crit, LabelSmoothedCrossEntropyWithPointerCriterion)
-    assert crit.pointer_lambda == 0.25 and crit.pointer_heads == "first"
+    assert crit.pointer_lambda == 0.25 and crit.pointer_heads == "all"
     assert all(m.variant_name == "vanilla" for m in decoder_self_attentions(model))
 
 
@@ -230,7 +230,7 @@ def test_an_underflowing_hinted_probability_keeps_its_true_loss_and_a_gradient(b
         for m in modules:  # huge logits: every row peaks on one key, the others get exp(-hundreds)
             m.q_proj.weight.mul_(400.0)
             m.k_proj.weight.mul_(400.0)
-    crit = LabelSmoothedCrossEntropyWithPointerCriterion(task, False, 0.0, pointer_lambda=1.0)
+    crit = LabelSmoothedCrossEntropyWithPointerCriterion(task, False, 0.0, pointer_lambda=1.0, pointer_heads="mean")
     _, _, log = crit(model, sample)
 
     expected, underflowed, worst = 0.0, 0, 0.0
@@ -259,7 +259,8 @@ def test_an_underflowing_hinted_probability_keeps_its_true_loss_and_a_gradient(b
 
     model.train()
     model.zero_grad()
-    loss, _, _ = LabelSmoothedCrossEntropyWithPointerCriterion(task, False, 0.0, pointer_lambda=1.0)(model, sample)
+    loss, _, _ = LabelSmoothedCrossEntropyWithPointerCriterion(task, False, 0.0, pointer_lambda=1.0,
+                                                              pointer_heads="mean")(model, sample)
     loss.backward()
     grad = modules[0].q_proj.weight.grad
     assert torch.isfinite(grad).all() and grad.abs().sum() > 0

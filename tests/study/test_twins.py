@@ -5,6 +5,7 @@ default makes the row the twin of another point; a run whose commands differ is 
 import dataclasses
 import json
 import os
+import shutil
 
 import pytest
 
@@ -115,6 +116,18 @@ def test_a_new_default_makes_the_row_the_twin_of_another_point(tmp_path, no_trai
     assert no_training == [] and record["value"] == 41.3 and record[twins.COPIED_FROM] == point(*other).name
     # the old default's point is left as it was
     assert json.load(open(U.record_path(str(tmp_path), point(*DEFAULT))))["value"] == 40.5
+
+
+def test_a_finished_run_is_current_wherever_its_folders_are(tmp_path):
+    run = point(0.05, "mean")
+    finish(run, tmp_path / "here", 39.0)
+    shutil.copytree(tmp_path / "here", tmp_path / "moved")  # its commands name the first folder
+    record = U.load_current(str(tmp_path / "moved"), run, "cpu")
+    assert record is not None and record["value"] == 39.0
+    # by hand: only the folders were left out of the comparison
+    assert U.without_folders("/venv/bin/fairseq-train /d/bin --user-dir /u --arch a --save-dir /w/r --seed 1") == [
+        "--user-dir", "<folder>", "--arch", "a", "--save-dir", "<folder>", "--seed", "1"]
+    assert U.load_current(str(tmp_path / "moved"), point(0.05, "first"), "cpu") is None  # not finished there
 
 
 def test_the_plan_knows_its_copies():

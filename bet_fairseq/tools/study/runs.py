@@ -292,12 +292,25 @@ def load(work, run):
     return _read_json(record_path(work, run)) if done(work, run) else None
 
 
+FOLDER_FLAGS = ("--user-dir", "--save-dir", "--path")
+
+
+def without_folders(command: str) -> list:
+    """A run's command as what it does, not where: the program and the data (before ``--user-dir``) and the
+    values of ``FOLDER_FLAGS`` left out (a work folder moved or put back from the archive holds the same runs)."""
+    argv = shlex.split(command)
+    argv = argv[argv.index("--user-dir"):] if "--user-dir" in argv else argv
+    return ["<folder>" if i and argv[i - 1] in FOLDER_FLAGS else a for i, a in enumerate(argv)]
+
+
 def load_current(work, run, scale):
-    """The run's record when it finished with the commands this code gives it now; None otherwise (unfinished, or
-    made with an older default or a smaller --max-update: ``execute`` does it again, the report leaves it out).
-    The data folder is read from the run's own command, so the dataset need not be prepared here."""
+    """The run's record when it finished with the commands this code gives it now, wherever its folders were;
+    None otherwise (unfinished, or made with an older default or a smaller --max-update: ``execute`` does it
+    again, the report leaves it out)."""
     record = load(work, run)
     if record is None:
         return None
-    bin_dir = shlex.split(record["settings"]["train"])[1]
-    return record if markers.problem(record_path(work, run), _settings(run, scale, work, bin_dir)[2]) is None else None
+    now = _settings(run, scale, work, "DATA")[2]
+    made = record.get("settings") or {}
+    same = set(made) == set(now) and all(without_folders(made[k]) == without_folders(now[k]) for k in now)
+    return record if same else None
