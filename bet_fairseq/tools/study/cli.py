@@ -378,7 +378,7 @@ def main(argv=None):
     # every finished run, those made by an earlier invocation or an older version of this code included)
     for run in everything:
         archive.save(work, out, run)
-    current = {r: U.load_current(work, r, args.scale) for r in everything}  # a run of an older default is not
+    current = {r: U.load_current(work, r, args.scale) for r in everything}  # left out: runs of other commands
     records = [rec for rec in current.values() if rec is not None]
     missing = {part: [r.name for r in P.plan(args.scale, parts=[part]) if current.get(r) is None] for part in P.PARTS}
     prepare_s = sum(_prepare_seconds(work).values())

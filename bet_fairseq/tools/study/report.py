@@ -632,8 +632,8 @@ def markdown(data):
         L.append("- BET(SG)'s pointer-loss sweep is not complete yet (part `pointer`): no setting chosen.")
     for part, names in data.get("missing", {}).items():
         if names:
-            L.append(f"- Part `{part}`: {len(names)} run(s) not finished with this code's commands, left out: " + ", ".join(names[:10])
-                     + (" ..." if len(names) > 10 else "") + f" (`bet-reproduce --scale {scale} --part {part}`).")
+            L.append(f"- Part `{part}`: {len(names)} run(s) not finished with this code's commands, left out: "
+                     + ", ".join(names[:10]) + (" ..." if len(names) > 10 else "") + f" (`bet-reproduce --scale {scale} --part {part}`).")
     L.append("")
     # ---------------------------------------------------------------- figures in words
     L += ["### What the figures show and do not show", ""]
