@@ -95,7 +95,7 @@ def describe(args, runs, work, out):
 
     sc = P.SCALE_TABLE[args.scale]
     # finished here with this code's commands, or kept in the archive (checked once it is put back)
-    finished = [r for r in P.plan(args.scale) + runs
+    finished = [r for r in dict.fromkeys(P.plan(args.scale) + runs)
                 if U.load_current(work, r, args.scale) or not U.done(work, r) and archive.holds(out, r)]
     done = [r for r in runs if r in finished]
     copies = twins.copies_in(runs, args.scale, finished)  # no time: copied from their twins

@@ -303,6 +303,11 @@ def without_folders(command: str) -> list:
     return ["<folder>" if i and argv[i - 1] in FOLDER_FLAGS else a for i, a in enumerate(argv)]
 
 
+def same_commands(made: dict, now: dict) -> bool:
+    """Whether two runs' settings (``{"train": command, "eval": command}``) are the same commands, folders apart."""
+    return set(made) == set(now) and all(without_folders(made[k]) == without_folders(now[k]) for k in now)
+
+
 def load_current(work, run, scale):
     """The run's record when it finished with the commands this code gives it now, wherever its folders were;
     None otherwise (unfinished, or made with an older default or a smaller --max-update: ``execute`` does it
@@ -310,7 +315,4 @@ def load_current(work, run, scale):
     record = load(work, run)
     if record is None:
         return None
-    now = _settings(run, scale, work, "DATA")[2]
-    made = record.get("settings") or {}
-    same = set(made) == set(now) and all(without_folders(made[k]) == without_folders(now[k]) for k in now)
-    return record if same else None
+    return record if same_commands(record.get("settings") or {}, _settings(run, scale, work, "DATA")[2]) else None

@@ -3,13 +3,14 @@ same commands give the same model. BET(SG)'s row at the default pointer-loss set
 the lambda_p sweep are such twins; a new default makes the row's runs the twins of another point, with nothing
 renamed and nothing trained twice.
 
-Commands are compared with the other run's folder read as this one's (``--save-dir``, ``--path``). The copy has
+Commands are compared without their folders (``runs.without_folders``). The copy has
 the kept files of a run (``archive.KEPT``: the record, training log and test hypotheses), no checkpoints; its record
 names its own system and says where it was copied from (``copied_from``), and the report counts its time once.
 """
 
 import json
 import os
+import shlex
 from typing import Optional
 
 from bet_fairseq.tools import markers
@@ -20,13 +21,9 @@ from . import runs as U
 COPIED_FROM = "copied_from"  # in a copy's record: the name of the run it was copied from
 
 
-def _same(text_of_other: str, other_dir: str, run_dir: str, settings: dict) -> bool:
-    return json.loads(archive.swap_folders(text_of_other, [(other_dir, run_dir)])) == settings
-
-
 def find(run: P.Run, settings: dict, work: str) -> Optional[str]:
     """The folder of a finished run of ``work`` (the same dataset and seed, another system) whose commands are
-    ``settings`` once its folder is read as ``run``'s; None when there is none."""
+    ``settings``, folders apart (``runs.same_commands``); None when there is none."""
     systems = os.path.join(work, "runs", run.dataset)
     if not os.path.isdir(systems):
         return None
@@ -38,7 +35,7 @@ def find(run: P.Run, settings: dict, work: str) -> Optional[str]:
             continue
         with open(marker, encoding="utf-8") as f:
             made_with = json.load(f).get("settings")
-        if made_with is not None and _same(json.dumps(made_with), other, own, settings):
+        if made_with is not None and U.same_commands(made_with, settings):
             return other
     return None
 
@@ -65,7 +62,8 @@ def is_copy(record: dict) -> bool:
 
 
 def _commands(run: P.Run, scale: str) -> tuple:
-    return (run.dataset, *map(tuple, U.commands(run, scale, "{bin}", "{run}")))  # folders left out
+    """What ``runs.same_commands`` compares of a run, with its dataset: the key of its twins."""
+    return (run.dataset, *(tuple(U.without_folders(shlex.join(argv))) for argv in U.commands(run, scale, "BIN", "RUN")))
 
 
 def copies_in(runs, scale: str, finished=()) -> set:
