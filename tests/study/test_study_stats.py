@@ -238,3 +238,15 @@ def test_verdict_says_what_an_unresolved_interval_rules_out():
     # a resolved difference says so and nothing about bounds
     words = verdict({"mean": 1.0, "half_width": 0.5}, "bleu")
     assert words.startswith("better, resolved") and "rule out" not in words
+
+
+def test_t_test_words_say_when_holm_undoes_a_resolved_interval():
+    from bet_fairseq.tools.study.report import t_test_words
+    # WikiText-2's DiagFreeMask: -1.69 +- 1.63 excludes 0, t p 0.046, Holm (4 systems, 2nd smallest p) 0.093
+    words = t_test_words({"mean": -1.69, "half_width": 1.63, "p": 0.046, "p_holm": 0.093})
+    assert "p = 0.046" in words and "Holm-adjusted 0.093" in words and "not once corrected" in words
+    # resolved and still below 0.05 after the correction: no such clause
+    assert "corrected" not in t_test_words({"mean": 62.5, "half_width": 9.9, "p": 0.001, "p_holm": 0.005})
+    # not resolved by its interval: nothing to undo
+    assert "corrected" not in t_test_words({"mean": -0.85, "half_width": 3.62, "p": 0.417, "p_holm": 0.417})
+    assert t_test_words({"mean": 0.1, "half_width": None, "p": None}) == ""

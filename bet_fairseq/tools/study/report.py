@@ -96,6 +96,17 @@ def verdict(diff, metric):
             f"what the seeds rule out: a gain above {gain:.2f} or a loss above {loss:.2f}")
 
 
+def t_test_words(diff, alpha=0.05):
+    """The paired t-test in words, saying when an effect resolved by its own seed interval does not hold once
+    corrected for the several systems compared with the Transformer (Holm)."""
+    if diff.get("p") is None:
+        return ""
+    words = f"; paired t-test p = {_p(diff['p'])} (two-sided), Holm-adjusted {_p(diff.get('p_holm'))}"
+    if S.resolved(diff) and diff.get("p_holm") is not None and diff["p_holm"] >= alpha:
+        words += " (resolved by its own interval, not once corrected for the systems compared)"
+    return words
+
+
 def system_of(record):
     return record.get("system") or record["row"]
 
@@ -569,9 +580,7 @@ def _comparisons(data):
                          f"{'BLEU' if ds.kind == 'mt' else METRIC_NAME[main]}) is {paper_way}, ours "
                          + ("shows no change" if ours == "no change" else
                             f"points {'the same way' if ours == paper_way else 'the other way'} ({state})"))
-            tests = ""
-            if d.get("p") is not None:
-                tests = f"; paired t-test p = {_p(d['p'])} (two-sided), Holm-adjusted {_p(d.get('p_holm'))}"
+            tests = t_test_words(d)
             r = data["test_resampling"].get(dkey, {}).get(system)
             if r is not None and main == "sacrebleu_raw":
                 tests += f"; test-resampling 95% interval [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]"
