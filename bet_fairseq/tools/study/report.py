@@ -96,7 +96,7 @@ def verdict(diff, metric):
             f"what the seeds rule out: a gain above {gain:.2f} or a loss above {loss:.2f}")
 
 
-def t_test_words(diff, alpha=0.05):
+def t_test_words(diff, alpha=1 - S.LEVEL):
     """The paired t-test in words, saying when an effect resolved by its own seed interval does not hold once
     corrected for the several systems compared with the Transformer (Holm)."""
     if diff.get("p") is None:

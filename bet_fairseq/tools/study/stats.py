@@ -17,6 +17,8 @@ import math
 from collections import Counter
 from typing import Dict, List, Optional, Sequence
 
+LEVEL = 0.95  # every interval's confidence level; a test at 1 - LEVEL agrees with the interval
+
 __all__ = ["t_quantile", "t_two_sided_p", "mean_ci", "paired_difference", "resolved", "holm", "plateau",
            "bleu_statistics", "bleu_from_statistics", "seed_averaged_bootstrap", "sacrebleu_paired_tests"]
 
@@ -56,7 +58,7 @@ def t_two_sided_p(t: float, df: int) -> float:
     return max(0.0, 1.0 - _t_central(abs(t), int(df)))
 
 
-def mean_ci(values: Sequence[float], level: float = 0.95) -> Dict[str, Optional[float]]:
+def mean_ci(values: Sequence[float], level: float = LEVEL) -> Dict[str, Optional[float]]:
     """Mean, sample standard deviation and the half-width of the two-sided Student-t interval
     ``mean +- t_{(1+level)/2, n-1} * sd / sqrt(n)`` (None for fewer than two values)."""
     xs = [float(v) for v in values]
@@ -70,7 +72,7 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> Dict[str, Optional[
     return {"n": n, "mean": mean, "sd": sd, "half_width": t_quantile((1 + level) / 2, n - 1) * sd / math.sqrt(n)}
 
 
-def paired_difference(values: Dict[int, float], baseline: Dict[int, float], level: float = 0.95) -> Dict:
+def paired_difference(values: Dict[int, float], baseline: Dict[int, float], level: float = LEVEL) -> Dict:
     """``values[s] - baseline[s]`` over the seeds both have, with its t interval (``mean_ci``)."""
     seeds = sorted(set(values) & set(baseline))
     out = mean_ci([values[s] - baseline[s] for s in seeds], level)
@@ -161,7 +163,7 @@ def bleu_from_statistics(column_sums: Sequence[float]) -> float:
 
 
 def seed_averaged_bootstrap(pairs, score=bleu_from_statistics, resamples: int = 1000, seed: int = 12345,
-                            level: float = 0.95) -> Dict:
+                            level: float = LEVEL) -> Dict:
     """The test-resampling interval of a difference averaged over seeds: ``resamples`` times, draw as many test
     sentences as the set has, with replacement, the same draw for every pair, and average ``score(B) - score(A)``
     over the pairs (Koehn 2004's paired bootstrap, over the seeds' pairs at once).
