@@ -148,9 +148,21 @@ def run_logged(argv: List[str], log_path: str, echo: bool = False) -> Tuple[int,
     return rc, time.time() - start, cpu
 
 
+def _ignores(pid, signum):
+    """Whether process ``pid`` ignores ``signum`` (Linux's /proc; False where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    return bool(mask >> (signum - 1) & 1)
+
+
 def stop(proc, grace=30):
+    """Stop a child as Ctrl-C would (SIGINT), with SIGTERM when it ignores SIGINT (the children of a study started
+    in the background, which the shell starts so, inherit that); killed if it is still there ``grace`` s later."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM if _ignores(proc.pid, signal.SIGINT) else signal.SIGINT)
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:

@@ -11,7 +11,8 @@ lambda_p sweep) and its report.
     bet-reproduce --dry-run                              # the plan, the expected time and the commands
 
 Runs already finished in --work-dir are never redone; an interrupted run resumes from its
-checkpoint_last.pt. Ctrl-C leaves every file consistent: run the same command again to go on.
+checkpoint_last.pt. Ctrl-C, or `kill PID` of a study started in the background, leaves every file consistent:
+run the same command again to go on.
 The report (REPORT.md, results.json, PNGs) is written to --out after the runs, from every finished run.
 Each finished run is also kept in OUT/runs (its record, logs and test hypotheses; no checkpoints): committed
 with the report, it lets the study go on in another work folder or on another machine, where those runs are
@@ -19,10 +20,12 @@ put back and count as finished.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -309,6 +312,26 @@ def execute(args, runs, work, datasets, out, deadline=None, history=()):
     return failures, deferred
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """``kill PID`` (SIGTERM) stops the study as Ctrl-C does: its fairseq processes are stopped and every marker
+    stays consistent. By default SIGTERM would end this process alone, leaving them training, orphaned, into the
+    folders the next invocation resumes. (A study started in the background ignores Ctrl-C's SIGINT: the shell
+    sets it so.) A handler someone else chose is kept; the previous one is restored on the way out."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def default_out(scale, work):
     return {"cpu": os.path.join("docs", "results"), "paper": os.path.join("docs", "results", "paper")}.get(
         scale, os.path.join(work, "report"))
@@ -357,19 +380,20 @@ def main(argv=None):
     command = "bet-reproduce " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     failures, deferred = [], []
     try:
-        if runs and not args.report_only:
-            # every run is looked at, the finished ones too: one whose commands changed (a new default, a larger
-            # --max-update) is done again; the others are skipped at once
-            deadline = None if args.hours is None else started + args.hours * 3600
-            history = [rec for rec in (U.load(work, r) for r in everything) if rec and not twins.is_copy(rec)]
-            failures, deferred = execute(args, runs, work, Datasets(args, runs, work), out, deadline, history)
-        elif args.data_dir and restored and not os.path.exists(data.raw_references(work)):
-            # runs put back from the archive into a new work folder: the report scores their hypotheses
-            # against the raw test references, which come with the prepared data
-            scored = [r for r in everything if U.done(work, r) and catalog.dataset(r.dataset).kind == "mt"]
-            datasets = Datasets(args, scored, work, hints=False)
-            for dataset in sorted({r.dataset for r in scored}):
-                datasets.bin_dir(dataset)
+        with terminate_as_interrupt():
+            if runs and not args.report_only:
+                # every run is looked at, the finished ones too: one whose commands changed (a new default, a larger
+                # --max-update) is done again; the others are skipped at once
+                deadline = None if args.hours is None else started + args.hours * 3600
+                history = [rec for rec in (U.load(work, r) for r in everything) if rec and not twins.is_copy(rec)]
+                failures, deferred = execute(args, runs, work, Datasets(args, runs, work), out, deadline, history)
+            elif args.data_dir and restored and not os.path.exists(data.raw_references(work)):
+                # runs put back from the archive into a new work folder: the report scores their hypotheses
+                # against the raw test references, which come with the prepared data
+                scored = [r for r in everything if U.done(work, r) and catalog.dataset(r.dataset).kind == "mt"]
+                datasets = Datasets(args, scored, work, hints=False)
+                for dataset in sorted({r.dataset for r in scored}):
+                    datasets.bin_dir(dataset)
     except KeyboardInterrupt:
         print("\nbet-reproduce: interrupted. Finished runs are kept and an unfinished one resumes from its "
               "checkpoint_last.pt: run the same command again.", file=sys.stderr, flush=True)
