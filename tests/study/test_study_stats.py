@@ -250,3 +250,24 @@ def test_t_test_words_say_when_holm_undoes_a_resolved_interval():
     # not resolved by its interval: nothing to undo
     assert "corrected" not in t_test_words({"mean": -0.85, "half_width": 3.62, "p": 0.417, "p_holm": 0.417})
     assert t_test_words({"mean": 0.1, "half_width": None, "p": None}) == ""
+
+
+def test_figure3_words_compare_scales_through_paired_differences_not_means():
+    """Was: "the best mean is at c = 0", a seed-1 score (40.96) set against the Transformer's 8-seed mean (40.20),
+    while on seed 1 c = 0 was 0.02 below the Transformer."""
+    from bet_fairseq.tools.study.report import diag_sweep_words
+
+    def point(c, values, diff):
+        n = len(values)
+        return {"scale": c, "values": dict(enumerate(values, 1)), "ci": {"n": n, "mean": sum(values) / n},
+                "diff": diff}
+
+    transformer = point(1.0, [41.0, 40.0, 39.6], None)
+    c0 = point(0.0, [40.96], {"mean": -0.02, "half_width": None})
+    words = diag_sweep_words([c0, transformer])
+    assert "best" not in words and "c = 0: 1, c = 1: 3" in words
+    assert "c = 0 -0.02 (1 seed)" in words and "none is resolved" in words
+    c2 = point(2.0, [39.0, 38.5], {"mean": -1.3, "half_width": 0.4})  # -1.3 +- 0.4 excludes 0
+    words = diag_sweep_words([c0, transformer, c2])
+    assert "c = 2 -1.30 ± 0.40" in words and words.endswith("resolved (interval excluding 0): c = 2.")
+    assert diag_sweep_words([transformer]) == "No point has a seed in common with the Transformer yet."

@@ -299,7 +299,8 @@ def pointer_sweep(records, scale):
 
 
 def diag_sweep(summary, metric="sacrebleu_raw"):
-    """Figure 3's points on Multi30k: the diagonal scale -> the metric's mean and interval; DiagFreeMask apart."""
+    """Figure 3's points on Multi30k: the diagonal scale -> the metric's mean and interval, and the difference to
+    the Transformer paired by seed (None for c = 1, the Transformer); DiagFreeMask apart."""
     by_system = summary.get("multi30k", {}).get(metric, {})
     points = []
     for c in P.DIAG_SCALES:
@@ -307,10 +308,25 @@ def diag_sweep(summary, metric="sacrebleu_raw"):
         system = row + (f"+{setting}" if setting else "")
         if system in by_system:
             points.append({"scale": c, "system": system, "ci": by_system[system]["ci"],
-                           "values": by_system[system]["values"]})
+                           "values": by_system[system]["values"], "diff": by_system[system].get("diff")})
     free = by_system.get("diagfree")
-    return {"metric": metric, "points": points, "diagfree": None if free is None else {"ci": free["ci"],
-                                                                                        "values": free["values"]}}
+    return {"metric": metric, "points": points, "diagfree": None if free is None else
+            {"ci": free["ci"], "values": free["values"], "diff": free.get("diff")}}
+
+
+def diag_sweep_words(points):
+    """The sweep read through each scale's difference to the Transformer on the same seeds: the points' means are
+    over different seeds (the Transformer has more), and seed 1 alone can sit far from an 8-seed mean."""
+    paired = [p for p in points if p.get("diff") and p["diff"].get("mean") is not None]
+    if not paired:
+        return "No point has a seed in common with the Transformer yet."
+    seeds = ", ".join(f"c = {p['scale']:g}: {p['ci']['n']}" for p in points)
+    diffs = ", ".join(f"c = {p['scale']:g} {_ci(p['diff'], sign=True)}" for p in paired)
+    resolved = [f"c = {p['scale']:g}" for p in paired if S.resolved(p["diff"])]
+    verdict = (f"resolved (interval excluding 0): {', '.join(resolved)}." if resolved else
+               "none is resolved: these seeds do not tell the scales from the Transformer.")
+    return (f"Seeds per point: {seeds}. The means are over different seeds; against the Transformer on the same "
+            f"seeds (the table above): {diffs}; {verdict}")
 
 
 def table1(records):
@@ -423,30 +439,44 @@ def plot_differences(summary, resampled, out):
 
 
 def plot_diag_sweep(sweep, out):
+    """Left, the paper's Figure 3 (each point's mean over its own seeds); right, each point minus the Transformer
+    on the same seeds, the comparison the left cannot make when the points have different seeds."""
     from ..figures import pyplot, save_png
 
     if not any(p["scale"] != 1.0 for p in sweep["points"]):  # the Transformer alone is no sweep
         return None
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    xs = [p["scale"] for p in sweep["points"]]
-    ys = [p["ci"]["mean"] for p in sweep["points"]]
-    errs = [p["ci"]["half_width"] or 0.0 for p in sweep["points"]]
-    ax.errorbar(xs, ys, yerr=errs, fmt="o-", color="#444444", capsize=4, label="diagonal logits x c (c = 1: the Transformer)")
+    fig, (ax, dax) = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
+    free, x_free = sweep["diagfree"], -0.25
+    ax.errorbar([p["scale"] for p in sweep["points"]], [p["ci"]["mean"] for p in sweep["points"]],
+                yerr=[p["ci"]["half_width"] or 0.0 for p in sweep["points"]], fmt="o-", color="#444444", capsize=4,
+                label="diagonal logits x c (c = 1: the Transformer)")
     for p in sweep["points"]:
         vals = list(p["values"].values())
         ax.plot([p["scale"]] * len(vals), vals, ".", color="#444444", alpha=0.4, markersize=4)
-    if sweep["diagfree"]:
-        d = sweep["diagfree"]
-        x = -0.25
-        ax.errorbar([x], [d["ci"]["mean"]], yerr=[d["ci"]["half_width"] or 0.0], fmt="s", color=COLOURS["diagfree"],
-                    capsize=4, label="DiagFreeMask (diagonal -inf)")
-        ax.plot([x] * len(d["values"]), list(d["values"].values()), ".", color=COLOURS["diagfree"], alpha=0.4)
-    ax.set_xlabel("diagonal scale c")
+        ax.annotate(f"n={len(vals)}", (p["scale"], p["ci"]["mean"]), textcoords="offset points", xytext=(6, -12),
+                    fontsize=7, color="#444444")
+    if free:
+        ax.errorbar([x_free], [free["ci"]["mean"]], yerr=[free["ci"]["half_width"] or 0.0], fmt="s",
+                    color=COLOURS["diagfree"], capsize=4, label="DiagFreeMask (diagonal -inf)")
+        ax.plot([x_free] * len(free["values"]), list(free["values"].values()), ".", color=COLOURS["diagfree"],
+                alpha=0.4)
     ax.set_ylabel(f"{METRIC_NAME[sweep['metric']]} (test), mean ± 95% seed interval")
-    ax.set_title("Figure 3 at this scale: Multi30k De-En", fontsize=9)
-    ax.grid(alpha=0.3)
+    ax.set_title("Figure 3 at this scale: Multi30k De-En, each point over its seeds", fontsize=9)
     ax.legend(fontsize=7)
+    paired = [(p["scale"], p["diff"], "#444444", "o") for p in sweep["points"] if p.get("diff")]
+    if free and free.get("diff"):
+        paired.append((x_free, free["diff"], COLOURS["diagfree"], "s"))
+    for x, diff, colour, marker in paired:
+        dax.errorbar([x], [diff["mean"]], yerr=[diff["half_width"] or 0.0], fmt=marker, color=colour, capsize=4)
+        dax.annotate(f"n={diff['n']}", (x, diff["mean"]), textcoords="offset points", xytext=(6, -12), fontsize=7,
+                     color=colour)
+    dax.axhline(0.0, color="#444444", linewidth=1)
+    dax.set_ylabel("difference, paired by seed ± 95% interval")
+    dax.set_title("each point minus the Transformer on the same seeds", fontsize=9)
+    for a in (ax, dax):
+        a.set_xlabel("diagonal scale c (DiagFreeMask at the left)")
+        a.grid(alpha=0.3)
     fig.tight_layout()
     return save_png(fig, os.path.join(out, "figure3_diag_scale.png"))
 
@@ -650,12 +680,10 @@ def markdown(data):
         L.append("- `differences.png`: each system minus the Transformer, paired by seed. It shows the size of each "
                  "difference against both intervals; it does not show absolute quality (the tables do).")
     if "figure3_diag_scale.png" in figures:
-        pts = data["diag_sweep"]["points"]
-        best = max(pts, key=lambda p: p["ci"]["mean"])
-        L.append(f"- `figure3_diag_scale.png` (the paper's Figure 3 at this scale): test sacreBLEU against the "
-                 f"diagonal scale c, DiagFreeMask at the left. The best mean is at c = {best['scale']:g}; read the "
-                 "intervals before the order of the means: points whose intervals overlap are not told apart by "
-                 "these seeds. It shows one corpus and one model size only.")
+        L.append("- `figure3_diag_scale.png` (the paper's Figure 3 at this scale): test sacreBLEU against the "
+                 "diagonal scale c (left: each point's mean over its own seeds; right: each point minus the "
+                 "Transformer on the same seeds), DiagFreeMask at the left, each point's seeds beside it. "
+                 + diag_sweep_words(data["diag_sweep"]["points"]) + " It shows one corpus and one model size only.")
     if any(f.startswith("figure45_") for f in figures):
         L.append("- `figure45_*.png` (the paper's Figures 4 and 5): validation token loss of the Transformer, "
                  "DiagFreeMask and BET(SF), mean over seeds with the seeds' range as a band. They show how fast each "
