@@ -271,3 +271,22 @@ def test_figure3_words_compare_scales_through_paired_differences_not_means():
     words = diag_sweep_words([c0, transformer, c2])
     assert "c = 2 -1.30 ± 0.40" in words and words.endswith("resolved (interval excluding 0): c = 2.")
     assert diag_sweep_words([transformer]) == "No point has a seed in common with the Transformer yet."
+
+
+def test_plateau_reports_the_curves_own_step_between_validations():
+    # the last 20% are updates 800 -> 1000: 7.30, 7.41, 7.23, 7.26 (a noisy curve); steps 0.11, 0.18, 0.03;
+    # the largest, 0.18, is 2.48% of the final 7.26; the drop 7.30 -> 7.26 is 0.55%
+    curve = [(0, 9.0), (400, 7.9), (800, 7.30), (850, 7.41), (900, 7.23), (1000, 7.26)]
+    result = S.plateau(curve, share=0.2, max_drop=0.02)
+    assert result["from_update"] == 800
+    assert result["largest_step"] == pytest.approx(0.18 / 7.26)
+    assert result["relative_drop"] == pytest.approx(0.04 / 7.26)
+
+
+def test_a_plateau_miss_is_named_with_its_drop_and_its_noise():
+    from bet_fairseq.tools.study.report import _plateau_miss
+
+    record = {"dataset": "wikitext2", "system": "bet_sg", "seed": 2,
+              "plateau": {"relative_drop": 0.0211, "largest_step": 0.0254, "from_update": 2400}}
+    assert _plateau_miss(record) == ("wikitext2/bet_sg/seed2 (2.11%; its consecutive validations from update 2400 "
+                                     "on differ by up to 2.54%)")

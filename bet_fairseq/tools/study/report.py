@@ -314,6 +314,17 @@ def diag_sweep(summary, metric="sacrebleu_raw"):
             {"ci": free["ci"], "values": free["values"], "diff": free.get("diff")}}
 
 
+def _plateau_miss(record):
+    """A run that misses the plateau criterion, with its drop and the largest change between two consecutive
+    validations of the same stretch (a drop within that is within the curve's own noise)."""
+    pl = record["plateau"]
+    words = f"{record['dataset']}/{record['system']}/seed{record['seed']} ({pl['relative_drop']:.2%}"
+    if pl.get("largest_step") is not None:
+        words += (f"; its consecutive validations from update {pl['from_update']} on differ by up to "
+                  f"{pl['largest_step']:.2%}")
+    return words + ")"
+
+
 def diag_sweep_words(points):
     """The sweep read through each scale's difference to the Transformer on the same seeds: the points' means are
     over different seeds (the Transformer has more), and seed 1 alone can sit far from an 8-seed mean."""
@@ -326,7 +337,7 @@ def diag_sweep_words(points):
     verdict = (f"resolved (interval excluding 0): {', '.join(resolved)}." if resolved else
                "none is resolved: these seeds do not tell the scales from the Transformer.")
     return (f"Seeds per point: {seeds}. The means are over different seeds; against the Transformer on the same "
-            f"seeds (the table above): {diffs}; {verdict}")
+            f"seeds (the Multi30k table): {diffs}; {verdict}")
 
 
 def table1(records):
@@ -656,8 +667,8 @@ def markdown(data):
     plateau = [r for r in records if r.get("plateau")]
     met = [r for r in plateau if r["plateau"]["met"]]
     L.append(f"- Plateau criterion ({P.PLATEAU_TEXT}): met by {len(met)} of {len(records)} runs"
-             + ("; not met: " + ", ".join(f"{r['dataset']}/{r['system']}/seed{r['seed']}" for r in plateau
-                                          if not r["plateau"]["met"]) if len(met) < len(plateau) else "")
+             + ("; not met: " + ", ".join(_plateau_miss(r) for r in plateau if not r["plateau"]["met"])
+                if len(met) < len(plateau) else "")
              + (f"; {len(records) - len(plateau)} without a curve" if len(plateau) < len(records) else "") + ".")
     sweep = data.get("pointer_sweep") or {}
     if sweep.get("chosen"):

@@ -102,7 +102,9 @@ def plateau(points: Sequence[Sequence[float]], share: float, max_drop: float) ->
     loss by less than ``max_drop`` of its final value.
 
     ``points``: (update, validation loss) in update order; the loss at ``(1 - share) * last update`` is the last
-    point at or before it. Returns None with fewer than two points before the end."""
+    point at or before it. ``largest_step``: the largest change between consecutive validations from there to the
+    end, relative to the final value, the measurement's own noise to read a drop near ``max_drop`` against.
+    Returns None with fewer than two points before the end."""
     pts = sorted((int(u), float(v)) for u, v in points)
     if len(pts) < 2:
         return None
@@ -114,8 +116,11 @@ def plateau(points: Sequence[Sequence[float]], share: float, max_drop: float) ->
     start_update, start = before[-1]
     drop = start - end
     relative = drop / end if end else float("inf")
+    window = [v for u, v in pts if u >= start_update]
+    step = max(abs(b - a) for a, b in zip(window, window[1:]))
     return {"from_update": start_update, "to_update": end_update, "from": start, "to": end, "drop": drop,
-            "relative_drop": relative, "met": relative < max_drop, "share": share, "max_drop": max_drop}
+            "relative_drop": relative, "met": relative < max_drop, "share": share, "max_drop": max_drop,
+            "largest_step": step / end if end else float("inf")}
 
 
 def resolved(ci: Dict) -> Optional[bool]:
