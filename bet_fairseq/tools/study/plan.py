@@ -194,7 +194,8 @@ SCALE_TABLE: Dict[str, Scale] = {
         # MT: 3+3 layers of 128 (IWSLT14's recipe otherwise), 6,000 updates of 2,048 tokens (~22 epochs: at 2,000
         # and 4,000 the last fifth still lowered the validation nll by 3.4-4% and 2.6-3%, docs/reproduce.md);
         # LM: 3 layers of 128 on blocks of 512 (the paper's), adaptive softmax, Adam eps 1e-8, 3,000 updates of
-        # 2,048 tokens (~3 epochs: at 2,000 a sentence-trained run's last fifth still lowered its nll by 2.1%). Per-update CPU costs and how they were measured: docs/reproduce.md.
+        # 2,048 tokens (~3 epochs: at 2,000 a sentence-trained run's last fifth still lowered its nll by 2.1%).
+        # Per-update CPU costs and how they were measured: docs/reproduce.md.
         train={"mt": merge(mt_sizes(3, 128, 512, 4), recipes.NO_VALID_BLEU, _CPU_COMMON, _NLL_BEST, {
                    "--max-tokens": 2048, "--lr": 2e-3, "--warmup-updates": 300, "--dropout": 0.1,
                    "--weight-decay": None, "--max-update": 6000,
