@@ -286,7 +286,7 @@ def test_plateau_reports_the_curves_own_step_between_validations():
 def test_a_plateau_miss_is_named_with_its_drop_and_its_noise():
     from bet_fairseq.tools.study.report import _plateau_miss
 
-    record = {"dataset": "wikitext2", "system": "bet_sg", "seed": 2,
+    record = {"dataset": "wikitext2", "row": "bet_sg", "setting": "", "system": "bet_sg", "seed": 2,
               "plateau": {"relative_drop": 0.0211, "largest_step": 0.0254, "from_update": 2400}}
     assert _plateau_miss(record) == ("wikitext2/bet_sg/seed2 (2.11%; its consecutive validations from update 2400 "
                                      "on differ by up to 2.54%)")

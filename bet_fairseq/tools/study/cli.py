@@ -312,10 +312,6 @@ def execute(args, runs, work, datasets, out, deadline=None, history=()):
     return failures, deferred
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 @contextlib.contextmanager
 def terminate_as_interrupt():
     """``kill PID`` (SIGTERM) stops the study as Ctrl-C does: its fairseq processes are stopped and every marker
@@ -325,7 +321,7 @@ def terminate_as_interrupt():
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
     try:
         yield
     finally:

@@ -107,6 +107,11 @@ def t_test_words(diff, alpha=1 - S.LEVEL):
     return words
 
 
+def run_of(record):
+    """The plan's Run a record was made by (its name and folder follow from it)."""
+    return P.Run(record["dataset"], record["row"], record["seed"], record.get("setting") or "")
+
+
 def system_of(record):
     return record.get("system") or record["row"]
 
@@ -150,7 +155,7 @@ def enrich(records, work):
     for r in records:
         # the run's folder under this work folder (the record's own "dir" is where it was made, maybe moved since)
         r = dict(r, system=system_of(r),
-                 dir=U.run_dir(work, P.Run(r["dataset"], r["row"], r["seed"], r.get("setting") or "")))
+                 dir=U.run_dir(work, run_of(r)))
         if r.get("table1"):
             r["table1"] = os.path.join(r["dir"], os.path.basename(r["table1"]))
         log = os.path.join(r["dir"], "train.log")
@@ -318,7 +323,7 @@ def _plateau_miss(record):
     """A run that misses the plateau criterion, with its drop and the largest change between two consecutive
     validations of the same stretch (a drop within that is within the curve's own noise)."""
     pl = record["plateau"]
-    words = f"{record['dataset']}/{record['system']}/seed{record['seed']} ({pl['relative_drop']:.2%}"
+    words = f"{run_of(record).name} ({pl['relative_drop']:.2%}"
     if pl.get("largest_step") is not None:
         words += (f"; its consecutive validations from update {pl['from_update']} on differ by up to "
                   f"{pl['largest_step']:.2%}")
