@@ -265,8 +265,7 @@ class Run:
 
     @property
     def system(self) -> str:
-        """The row and its setting: ``bet_sg``, ``bet_sg+lambda0.002-first``, ``diag_scale+x0.5``."""
-        return self.row + (f"+{self.setting}" if self.setting else "")
+        return system_name(self.row, self.setting)
 
     @property
     def name(self) -> str:
@@ -275,6 +274,12 @@ class Run:
     @property
     def flags(self) -> Flags:
         return SETTINGS[self.setting] if self.setting else {}
+
+
+def system_name(row: str, setting: str = "") -> str:
+    """The row and its setting, as records and folders name them: ``bet_sg``, ``bet_sg+lambda0.002-first``,
+    ``diag_scale+x0.5``."""
+    return row + (f"+{setting}" if setting else "")
 
 
 def system_label(row: str, setting: str = "") -> str:

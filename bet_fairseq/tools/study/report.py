@@ -285,8 +285,7 @@ def pointer_sweep(records, scale):
     points = []
     for lam in P.POINTER_LAMBDAS:
         for heads in P.POINTER_HEADS:
-            row, setting = P.pointer_point(lam, heads)
-            system = row + (f"+{setting}" if setting else "")
+            system = P.system_name(*P.pointer_point(lam, heads))
             values = {r["seed"]: r["best_valid_nll"] for r in records if r["dataset"] == "multi30k"
                       and r["system"] == system and r["seed"] in seeds_kept and r.get("best_valid_nll") is not None}
             points.append({"pointer_lambda": lam, "pointer_heads": heads, "system": system,
@@ -309,8 +308,7 @@ def diag_sweep(summary, metric="sacrebleu_raw"):
     by_system = summary.get("multi30k", {}).get(metric, {})
     points = []
     for c in P.DIAG_SCALES:
-        row, setting = P.diag_point(c)
-        system = row + (f"+{setting}" if setting else "")
+        system = P.system_name(*P.diag_point(c))
         if system in by_system:
             points.append({"scale": c, "system": system, "ci": by_system[system]["ci"],
                            "values": by_system[system]["values"], "diff": by_system[system].get("diff")})
