@@ -8,7 +8,8 @@ and the peak memory of a training step.
     python run/bench_speed.py --size lm_enwik8 --quick --out DIR   # one repetition, block 128, minutes
 
 Language-model sizes (``lm``, ``lm_wikitext103``, ``lm_enwik8``: ``vanilla_{size}`` vs ``bet_sf_{size}``, the
-Table 2 LM recipe, ``bet_fairseq/recipes.py``; ``lm_tiny``: 2 layers of 32 for tests) are measured per block
+Table 2 LM recipe, ``bet_fairseq/recipes.py``; ``lm_tiny``: 2 layers of 32 for tests; ``lm_study``: the model of
+``bet-reproduce``'s cpu scale, 3 layers of 128 with adaptive softmax, on WikiText-2's vocabulary) are measured per block
 length (``--block``) on the same random token blocks: (a) training, ``Trainer.train_step``, tokens/s; (b)
 eval-lm, the model's forward without gradients plus the log-softmax (what fairseq-eval-lm scores), tokens/s;
 (c) sampling, token-by-token decoding with the incremental state (``--sample-batch`` random prompts of
@@ -61,6 +62,7 @@ import torch
 import bet_fairseq
 from bet_fairseq import catalog, recipes  # the flags (recipes.BENCH_TRAIN, the IWSLT14 recipe), the arch names
 from bet_fairseq.files import atomic_write
+from bet_fairseq.tools.study import plan as study_plan  # the study's model sizes (size lm_study)
 
 USER_DIR = bet_fairseq.user_dir()
 
@@ -83,6 +85,8 @@ LM_SIZES = {
     "lm_wikitext103": dict(dataset="wikitext103", vocab=267735, overrides={}),
     "lm_enwik8": dict(dataset="enwik8", vocab=205, overrides={}),
     "lm_tiny": dict(dataset="enwik8", vocab=205, overrides=recipes.lm_sizes(2, 32, 64, 4)),
+    # bet-reproduce's cpu-scale language model: 3 layers of 128, adaptive softmax (2000,10000), WikiText-2's vocabulary
+    "lm_study": dict(dataset="wikitext2", vocab=33278, overrides=study_plan.SCALE_TABLE["cpu"].train["lm"]),
 }
 LM_TARGETS = {"train": 0.90, "eval_lm": 0.90, "sample": 0.95, "sample_b1": 0.95, "memory": 1.15}
 
@@ -475,9 +479,9 @@ def build_lm(row, data_dir, size, device, block, max_tokens):
 
     bet_fairseq.register()
     spec = LM_SIZES[size]
-    flags = recipes.merge(recipes.train_recipe(spec["dataset"]), spec["overrides"], {
+    flags = recipes.for_softmax(recipes.merge(recipes.train_recipe(spec["dataset"]), spec["overrides"], {
         "--tokens-per-sample": block, "--batch-size": None, "--max-tokens": max_tokens, "--log-format": "none",
-        "--num-workers": 0, "--cpu": device == "cpu", "--max-epoch": None, "--patience": None})
+        "--num-workers": 0, "--cpu": device == "cpu", "--max-epoch": None, "--patience": None}))
     argv = [data_dir, "--user-dir", USER_DIR, "--arch", lm_arch(row, size), *recipes.to_argv(flags)]
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
     cfg = convert_namespace_to_omegaconf(args)

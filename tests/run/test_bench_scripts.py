@@ -79,3 +79,25 @@ def test_translation_generation_as_fairseq_generate_batches_it(tmp_path):
             assert value > 0 and math.isfinite(value), (arch, key)
     assert "| batch 1, beam 5, 3 tokens forced, ms per token |" in proc.stdout
     assert "per run, latency (ms per token): " in proc.stdout
+
+
+def test_study_size_builds_the_study_language_model(tmp_path):
+    """bench_speed.py --size lm_study measures the model bet-reproduce trains at the cpu scale (docs/reproduce.md:
+    3 layers of 128, 4 heads, FFN 512, adaptive softmax with cutoffs 2000 and 10000 over WikiText-2's 33,278 words)
+    with the criterion that output layer needs (fairseq's adaptive_loss), for both rows."""
+    sys.path.insert(0, os.path.join(ROOT, "run"))
+    try:
+        import bench_speed
+    finally:
+        sys.path.pop(0)
+    for row in ("vanilla", "bet_sf"):
+        folder = tmp_path / row
+        folder.mkdir()
+        task, trainer = bench_speed.build_lm(row, bench_speed.lm_data_dir(str(folder), 33278), "lm_study", "cpu", 512,
+                                             2048)
+        decoder = trainer.model.decoder
+        assert len(task.target_dictionary) == 33278
+        assert len(decoder.layers) == 3 and decoder.embed_dim == 128
+        assert decoder.layers[0].fc1.out_features == 512 and decoder.layers[0].self_attn.num_heads == 4
+        assert decoder.adaptive_softmax is not None and decoder.adaptive_softmax.cutoff == [2000, 10000, 33278]
+        assert type(trainer.criterion).__name__ == "AdaptiveLoss"
