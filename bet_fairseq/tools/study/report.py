@@ -113,7 +113,7 @@ def run_of(record):
 
 
 def system_of(record):
-    return record.get("system") or record["row"]
+    return run_of(record).system
 
 
 def label_of(system):
