@@ -95,11 +95,19 @@ class Arm:
 SEEDS: Dict[str, Dict[str, int]] = {
     # headline: BET(SF) and the Transformer on Multi30k (a paired-difference SD of 0.3-0.5 BLEU needs ~8 seeds to
     # resolve +-0.4); row: the other rows; point: Figure 3's points; sweep: the points of BET(SG)'s lambda_p sweep,
-    # which only choose a setting on validation nll
-    "smoke": {"headline": 2, "row": 2, "point": 1, "sweep": 1},
-    "cpu": {"headline": 8, "row": 3, "point": 3, "sweep": 2},
-    "paper": {"headline": 8, "row": 3, "point": 3, "sweep": 2},
+    # which only choose a setting on validation nll; decomposition: the 2 x 2 of DiagFreeMask and the re-weighting
+    # by R (Transformer, + DiagFreeMask, BET(SF) - DiagFreeMask, BET(SF)), paired with the headline's seeds
+    "smoke": {"headline": 2, "row": 2, "point": 1, "sweep": 1, "decomposition": 2},
+    "cpu": {"headline": 8, "row": 3, "point": 3, "sweep": 2, "decomposition": 8},
+    "paper": {"headline": 8, "row": 3, "point": 3, "sweep": 2, "decomposition": 8},
 }
+
+# The 2 x 2 decomposition of BET(SF) into its two changes: {(mask, re-weighting): row}. Its two contrasts, paired by
+# seed: what the re-weighting adds to the mask (BET(SF) against + DiagFreeMask) and the re-weighting alone
+# (BET(SF) - DiagFreeMask against the Transformer).
+DECOMPOSITION = {(False, False): BASELINE, (True, False): "diagfree", (False, True): "bet_sf_nodiagmask",
+                 (True, True): "bet_sf"}
+DECOMPOSITION_CONTRASTS = (("bet_sf", "diagfree"), ("bet_sf_nodiagmask", BASELINE))
 
 PARTS: Dict[str, List[Arm]] = {
     # the headline pair in three parts of up to ~2.7 hours at the cpu scale: seeds 1-3, 4-6, 7-8
@@ -116,6 +124,12 @@ PARTS: Dict[str, List[Arm]] = {
     "diag2": [Arm("multi30k", *diag_point(c), role="point") for c in DIAG_SCALES if c >= 0.5 and c != 1.0],
     "lm": [Arm("wikitext2", r) for r in (BASELINE, "diagfree", "bet_sf", "bet_sg")]
           + [Arm("wikitext2", BASELINE, "sentences")],
+    # the decomposition (DECOMPOSITION), every cell at the role's seeds, in parts of ~2-4 hours; the cells' runs
+    # that the parts above already hold (the headline pair, seeds 1-3 of the rows) are not trained again
+    "decomp_lm": [Arm("wikitext2", r, role="decomposition", seeds_to=5) for r in DECOMPOSITION.values()],
+    "decomp_lm2": [Arm("wikitext2", r, role="decomposition", seeds_from=6) for r in DECOMPOSITION.values()],
+    "decomp": [Arm("multi30k", r, role="decomposition", seeds_to=4) for r in DECOMPOSITION.values()],
+    "decomp2": [Arm("multi30k", r, role="decomposition", seeds_from=5) for r in DECOMPOSITION.values()],
 }
 MAIN_ROWS = (BASELINE, "diagfree", "bet_sf", "bet_sg")  # the report's order: these, then the others
 # a study dataset of the catalog that no part names gets a part of its own: the main rows it covers
