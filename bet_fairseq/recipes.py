@@ -81,7 +81,7 @@ _MT_RECIPE: Flags = {
     "--max-tokens": 4096,
     **VALID_BLEU,
 }
-# LM (BET_SPEC section 5/6): Adam lr 1e-3 with the authors' eps 1e-3, batch 64 blocks of 512 tokens.
+# LM (docs/method.md, §6): Adam lr 1e-3 with the authors' eps 1e-3, batch 64 blocks of 512 tokens.
 # The authors' amsgrad is not an option of fairseq's adam (FairseqAdamConfig has no amsgrad field).
 _LM_RECIPE: Flags = {
     "--task": "language_modeling", "--tokens-per-sample": 512, "--sample-break-mode": "none", "--batch-size": 64,

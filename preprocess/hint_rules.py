@@ -1,6 +1,6 @@
 """The BET(SG) hint of every decoder input position, from a dependency tree over BPE pieces.
 
-BET_SPEC section 3: position t (which predicts token t+1) points at the nearest ancestor of token
+docs/method.md, Eq. (17): position t (which predicts token t+1) points at the nearest ancestor of token
 t+1 in the dependency tree that stands to its left; if there is none, at t itself.
 
 fairseq's decoder input is ``[eos, y_1 .. y_n]`` and its target ``[y_1 .. y_n, eos]``, so there are

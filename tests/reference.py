@@ -1,6 +1,6 @@
 """Naive, loop-by-loop float64 readings of the attention math, independent of the package.
 
-Written from BET_SPEC.md (Vaswani et al. attention, the diagonal ablations, BET(SF)) and the baseline
+Written from docs/method.md (Vaswani et al. attention, the diagonal ablations, BET(SF)) and the baseline
 papers (Yang et al. 2018 localness, Zhao et al. 2019 top-k, Ramsauer et al. 2020 Hopfield, Roy et al.
 2021 routing, Dai et al. 2019 Transformer-XL). Everything here reads *weights* and *option values* from a
 module (``q_proj.weight``, ``options.diag_scale`` ...) and never calls package code: no module method, no
@@ -241,7 +241,7 @@ def reference_first_pass_value_scores(q, k, v, w_h, allowed):
 @torch.no_grad()
 def reference_bet_authors(m, x, key_padding_mask=None):
     """The first author's BET(SF) (``--bet-form authors`` / ``authors_lm``) with the weights and options of ``m``,
-    from the description of that code (BET_SPEC section 6): a first pass ``A = softmax(D)`` (causal, padding),
+    from the description of that code (docs/method.md, §3.4): a first pass ``A = softmax(D)`` (causal, padding),
     ``H = out_proj(A V)`` split back into heads; per head and key ``R_j = sigmoid(w . [K_j ; H_j] + b)`` (authors)
     or ``sigmoid(w . [Q_j / sqrt(d) ; H_j] + b)`` (authors_lm), one ``w`` (``bet_authors_w``) for all heads; R_j
     times the scaled ``Q K^T`` of column j, then the causal mask again (and, unlike that code, the padding mask)

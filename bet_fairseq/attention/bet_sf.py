@@ -6,7 +6,7 @@ key ``R_j = sigmoid(w . [H_j ; K_j])``; a second pass ``A' = softmax(DiagFreeMas
 only on positions up to it, so an incremental decoder caches R and ``V w_h`` per key (batch-first) and never
 recomputes them.
 
-``--bet-form authors`` / ``authors_lm``, the first author's public code (README, "The authors' BET(SF)"): one
+``--bet-form authors`` / ``authors_lm``, the first author's public code (docs/method.md, §3.4): one
 ``Linear(2 * head_dim, 1)`` with a bias (``bet_authors_w``) shared by the heads, fed with ``[K_j ; H_j]``
 (authors) or ``[Q_j / sqrt(d) ; H_j]`` (authors_lm), where H is the first pass's output after ``out_proj``,
 split back into heads; the second pass goes through its own output projection ``bet_out_proj2``. The decoder
@@ -14,7 +14,8 @@ caches R per key.
 
 A decoding step that sees every key (beam search, sampling: one token, no padding) takes ``decoding_step``: two
 matrix products make q and, per head, k, v and what R needs of the new key (weights derived once per generation),
-no mask tensor, the cache read as it is stored; 3 operators more than vanilla's step (docs/performance.md).
+no mask tensor, the cache read as it is stored: vanilla's 10 operators plus 4 (docs/method.md, §3.5;
+``run/bench_decoding_step.py`` counts them).
 """
 
 import math

@@ -1,4 +1,4 @@
-"""bet-analyze (BET_SPEC section 4): Table 1 statistics against a hand computation and against an
+"""bet-analyze (docs/method.md, §1.2 and §7): Table 1 statistics against a hand computation and against an
 independent per-sentence computation, capture on fairseq attention converted to the capturing
 ``vanilla`` variant against fairseq's own weights, and the command on real tiny checkpoints trained here."""
 
