@@ -59,8 +59,8 @@ class BetOptions(FairseqDataclass):
 @register_variant("bet_sf", options=BetOptions)
 class BetSFSelfAttention(SelfAttentionVariant):
     # On CPU, up to this many keys the exact path (autograd over the materialised matrices) is a little
-    # faster than the fused kernel; from 128 keys on the kernel is as fast and keeps no T x S matrix
-    # (docs/performance.md). Set to 0 to always take the fused path when use_fused_attention is on.
+    # faster than the fused kernel; above it the kernel is as fast and keeps no T x S matrix for the backward
+    # (docs/performance.md, §7). Set to 0 to always take the fused path when use_fused_attention is on.
     cpu_exact_max_keys = 64
 
     def __init__(self, embed_dim, num_heads, options=None, **kwargs):

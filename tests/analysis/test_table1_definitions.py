@@ -1,4 +1,4 @@
-"""Table 1 statistics as the paper defines them (issue 11), on a tiny attention worked by hand.
+"""Table 1 statistics as the paper defines them (docs/analysis.md), on a tiny attention worked by hand.
 
 Defaults (the paper's): CA is the mean of ALL diagonal weights, row 0 included; HA(mean), HA(std) and
 Ratio are taken over the entries of the head-averaged matrix (the attention fairseq reports). The old

@@ -1,6 +1,7 @@
 """Third-party noise is filtered by message and module (``bet_fairseq.quiet``), and nothing else: a
 warning that is not on the list still shows. fairseq-eval-lm under the plugin prints no UserWarning,
-FutureWarning or RuntimeWarning (before: six hydra warnings, pin_memory, the scalar-subtract overflow)."""
+FutureWarning or RuntimeWarning: hydra's deprecation warnings, pin_memory's and the scalar-subtract overflow are
+noise a user can do nothing about (docs/quiet_commands.md says why each is safe to hide)."""
 
 import os
 import subprocess

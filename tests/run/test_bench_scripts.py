@@ -60,7 +60,7 @@ def test_query_range_benchmark_uses_the_configured_ranges(monkeypatch, capsys):
 
 
 def test_translation_generation_as_fairseq_generate_batches_it(tmp_path):
-    """bench_speed.py --generation-only: the issue's measurement (sentences in fairseq-generate's --batch-size batches,
+    """bench_speed.py --generation-only: fairseq-generate's way of generating (sentences in its --batch-size batches,
     sizes a multiple of 8, every hypothesis forced to --forced-len tokens) and batch 1, with every run's figure."""
     out = tmp_path / "speed.json"
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")

@@ -1,5 +1,5 @@
-"""Tools with an output folder check it can be written before any work (before: bet-reproduce and
-bet-analyze failed only when writing, after all the runs or the whole split)."""
+"""Tools with an output folder check it can be written before any work, so that an unwritable folder costs
+a second, not the runs or the whole split read before the first write."""
 
 import pytest
 

@@ -16,8 +16,8 @@ def run(cmd, **kw):
 
 
 def test_train_script_trains_and_reports_bleu(tmp_path):
-    """One test run (the driver's; before, fairseq-generate ran on test twice) and no hypothesis lines on
-    the terminal (before, the driver echoed every S-/H-/D-/P- line)."""
+    """One test run (the driver's: fairseq-generate runs on test once) and no hypothesis lines on the terminal
+    (fairseq's S-/H-/D-/P- lines belong in the logs)."""
     data = binarise_multi30k(str(tmp_path / "mt"), n_train=300, n_valid=40, n_test=20)
     save = tmp_path / "ckpt"
     proc = run(["bash", "run/train_bet_sf_iwslt.sh", data, str(save), *TINY_TRANSLATION, "--max-update", "3",

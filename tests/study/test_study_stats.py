@@ -253,8 +253,8 @@ def test_t_test_words_say_when_holm_undoes_a_resolved_interval():
 
 
 def test_figure3_words_compare_scales_through_paired_differences_not_means():
-    """Was: "the best mean is at c = 0", a seed-1 score (40.96) set against the Transformer's 8-seed mean (40.20),
-    while on seed 1 c = 0 was 0.02 below the Transformer."""
+    """Means over different seeds mislead: a point's seed-1 score (40.96) set against the Transformer's 8-seed
+    mean (40.20) would read as "the best", while on seed 1 that point is 0.02 below the Transformer."""
     from bet_fairseq.tools.study.report import diag_sweep_words
 
     def point(c, values, diff):

@@ -129,7 +129,7 @@ def test_two_jobs_prepare_the_data_in_the_main_thread(fake_study):
 def test_no_time_is_spent_preparing_data_for_runs_left_for_later(fake_study, capsys):
     # 1.5 h = 5,400 s. The two translation runs end at t=4,000 and make the estimate 2,000/3,250 of the scale's. The
     # language model's first run would need WikiText-2 first: 1,350 + 1,900 x 2,000/3,250 = 2,519 s, ending at 6,519:
-    # it is left, and WikiText-2 is not prepared (before: every dataset was prepared before the first run).
+    # it is left, and WikiText-2 is not prepared (no time is spent on data for a run left for later).
     started, deferred = fake_study(1.5, RUNS[:2] + LM_RUNS[:2])
     assert started == [RUNS[0].name, RUNS[1].name] and deferred == [LM_RUNS[0].name, LM_RUNS[1].name]
     assert not any("wikitext2" in e for e in fake_study.events)
