@@ -347,3 +347,27 @@ def test_the_readme_main_job_is_the_recipe(program, recipe, monkeypatch):
     for dest in set_by_recipe:
         assert shown.get(dest) == expected[dest], \
             f"README's {program}: {dest} = {shown.get(dest)!r}, the recipe's {expected[dest]!r}"
+
+
+def github_anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_links_point_into_the_repository(page):
+    """Every relative link of a page names a file of the repository and, for a Markdown page, one of its headings:
+    a reader who clones the repository can follow every reference."""
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        text = f.read()
+    for target in re.findall(r"\]\(([^)\s]+)\)|src=\"([^\"]+)\"", text):
+        target = next(t for t in target if t)
+        if re.match(r"\w+://|mailto:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), path)) if path else os.path.join(ROOT, page)
+        assert os.path.exists(file), f"{page}: link to {target}, which does not exist"
+        if anchor and file.endswith(".md"):
+            with open(file, encoding="utf-8") as f:
+                headings = {github_anchor(h) for h in re.findall(r"^#+ (.*)$", f.read(), flags=re.M)}
+            assert anchor in headings, f"{page}: link to {target}: no such heading in {os.path.relpath(file, ROOT)}"
