@@ -166,7 +166,7 @@ def test_row_table_matches_the_paper():
         assert {d for d in columns if r.covers(d)} == {d for d, v in zip(columns, numbers) if v is not None}
 
 
-# The rows of each dataset and their --arch, as README.md's architecture tables and Table 2 name them.
+# The rows of each dataset and their --arch, as docs/plugin.md's architecture table and Table 2 name them.
 MT_ROWS = {"vanilla": "vanilla_iwslt", "reduced_diag": "reduced_diag_iwslt", "magnified_diag": "magnified_diag_iwslt",
            "diagfree": "diagfree_iwslt",
            "hopfield": "hopfield_iwslt", "localness": "localness_iwslt", "sparse_topk": "sparse_topk_iwslt",
@@ -256,7 +256,7 @@ def test_full_mode_commands_follow_the_recipes(tmp_path):
 
 
 def test_recipes():
-    """bet_fairseq/recipes.py against the settings the docs state (docs/data_and_runs.md, README)."""
+    """bet_fairseq/recipes.py against the settings the docs state (docs/data_and_runs.md, the README's main job)."""
     assert recipes.to_argv({"--a": 1, "--flag": True, "--gone": None, "--off": False, "--s": "(0.9, 0.98)"}) == [
         "--a", "1", "--flag", "--s", "(0.9, 0.98)"]
     assert recipes.merge({"--a": 1, "--b": 2}, {"--a": None, "--c": 3}) == {"--b": 2, "--a": None, "--c": 3}
