@@ -1,4 +1,4 @@
-"""The benchmarks run and write sane results: run/bench_gpu.sh --device cpu (bench_speed.py --quick on the tiny
+"""The benchmarks run and write sane results: run/bench_gpu.sh --device cpu (bench_lm.py --quick on the tiny
 language model, bench_attention.py --sweep at toy sizes), seconds on a CPU."""
 
 import json
@@ -82,19 +82,18 @@ def test_translation_generation_as_fairseq_generate_batches_it(tmp_path):
 
 
 def test_study_size_builds_the_study_language_model(tmp_path):
-    """bench_speed.py --size lm_study measures the model bet-reproduce trains at the cpu scale (docs/reproduce.md:
-    3 layers of 128, 4 heads, FFN 512, adaptive softmax with cutoffs 2000 and 10000 over WikiText-2's 33,278 words)
-    with the criterion that output layer needs (fairseq's adaptive_loss), for both rows."""
+    """bench_lm.py (and bench_speed.py) --size lm_study measures the model bet-reproduce trains at the cpu scale
+    (docs/reproduce.md: 3 layers of 128, 4 heads, FFN 512, adaptive softmax with cutoffs 2000 and 10000 over
+    WikiText-2's 33,278 words) with the criterion that output layer needs (fairseq's adaptive_loss), for both rows."""
     sys.path.insert(0, os.path.join(ROOT, "run"))
     try:
-        import bench_speed
+        import bench_lm
     finally:
         sys.path.pop(0)
     for row in ("vanilla", "bet_sf"):
         folder = tmp_path / row
         folder.mkdir()
-        task, trainer = bench_speed.build_lm(row, bench_speed.lm_data_dir(str(folder), 33278), "lm_study", "cpu", 512,
-                                             2048)
+        task, trainer = bench_lm.build_lm(row, bench_lm.lm_data_dir(str(folder), 33278), "lm_study", "cpu", 512, 2048)
         decoder = trainer.model.decoder
         assert len(task.target_dictionary) == 33278
         assert len(decoder.layers) == 3 and decoder.embed_dim == 128
