@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -100,3 +102,27 @@ def test_study_size_builds_the_study_language_model(tmp_path):
         assert decoder.layers[0].fc1.out_features == 512 and decoder.layers[0].self_attn.num_heads == 4
         assert decoder.adaptive_softmax is not None and decoder.adaptive_softmax.cutoff == [2000, 10000, 33278]
         assert type(trainer.criterion).__name__ == "AdaptiveLoss"
+
+
+def test_bench_speed_hands_both_benchmarks_options_to_the_one_its_size_names(monkeypatch, capsys):
+    """bench_speed.py takes the options of both benchmarks (those of the other one have no effect, as before they
+    were apart) and runs bench_lm.py's or bench_translation.py's benchmark by --size; each of those refuses the
+    other's sizes."""
+    sys.path.insert(0, os.path.join(ROOT, "run"))
+    try:
+        import bench_lm
+        import bench_speed
+        import bench_translation
+    finally:
+        sys.path.pop(0)
+    calls = []
+    monkeypatch.setattr(bench_lm, "benchmark", lambda p, a: calls.append(("lm", a.size, a.block, a.beam)))
+    monkeypatch.setattr(bench_translation, "benchmark", lambda p, a: calls.append(("mt", a.size, a.block, a.beam)))
+    bench_speed.main(["--size", "lm_study", "--block", "128", "--beam", "3"])
+    bench_speed.main(["--size", "small", "--beam", "4", "--new-tokens", "8"])
+    bench_speed.main([])
+    assert calls == [("lm", "lm_study", "128", 3), ("mt", "small", None, 4), ("mt", "iwslt", None, 5)]
+    for module, size in ((bench_lm, "iwslt"), (bench_translation, "lm_tiny")):
+        with pytest.raises(SystemExit) as exit_:
+            module.main(["--size", size])
+        assert exit_.value.code == 2 and f"invalid choice: '{size}'" in capsys.readouterr().err
