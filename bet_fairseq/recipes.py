@@ -1,8 +1,8 @@
 """The training and evaluation recipes, in one place: the paper's settings per kind of dataset (each
 dataset's own flags are its entry in ``catalog.py``), the tiny ``--quick`` ones, and the side-by-side demo's and the speed benchmark's (each a dataset recipe plus
 overrides). The Table 2 row driver (``bet-run-row``), the main job (``run/train_bet_sf_iwslt.sh``),
-``run/demo_side_by_side.py`` and ``run/bench_speed.py`` all take their flags from here, so they
-cannot drift apart.
+``run/demo_side_by_side.py``, ``run/bench_translation.py`` and ``run/bench_lm.py`` all take their flags from here,
+so they cannot drift apart.
 
 A recipe is a dict ``{"--flag": value}`` of fairseq command-line options; ``to_argv`` turns it into
 an argv list: ``True`` gives a bare flag, ``None`` (or ``False``) leaves the flag out, so that in an
@@ -171,10 +171,19 @@ DEMO_TRAIN: Flags = merge(train_recipe("iwslt14_de_en"), mt_sizes(3, 128, 256, 4
 })
 DEMO_EVAL: Flags = merge(eval_recipe("iwslt14_de_en"), {"--cpu": True, "--max-len-a": 1.2, "--max-len-b": 10})
 
-# run/bench_speed.py: IWSLT14's recipe as fairseq's builders see it (no validation BLEU, no logging);
+# run/bench_translation.py: IWSLT14's recipe as fairseq's builders see it (no validation BLEU, no logging);
 # the benchmark sets its own --max-tokens and languages.
 BENCH_TRAIN: Flags = merge(train_recipe("iwslt14_de_en"), NO_VALID_BLEU, {"--log-format": "none", "--num-workers": 0})
 BENCH_SMALL = mt_sizes(3, 256, 512, 4)  # its --size small: a CI-sized model
+
+# ----------------------------------------------------------------------------- the study's language model
+
+# A language model with fairseq's adaptive softmax (the criterion follows: for_softmax); fairseq's adaptive_loss
+# refuses the default pytorch_ddp backend even on one process; Adam eps 1e-8 (the authors' 1e-3 brakes a short run).
+ADAPTIVE_LM: Flags = {"--adaptive-softmax-cutoff": "2000,10000", "--ddp-backend": "legacy_ddp", "--adam-eps": 1e-8}
+# The decoder of the study's cpu-scale language model (bet-reproduce --scale cpu adds ADAPTIVE_LM and its schedule);
+# here, not in the study, so that run/bench_lm.py --size lm_study times that model without importing the study.
+STUDY_LM: Flags = lm_sizes(3, 128, 512, 4)
 
 _NAMED = {"demo-train": DEMO_TRAIN, "demo-eval": DEMO_EVAL, "bench": BENCH_TRAIN}
 

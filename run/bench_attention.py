@@ -20,11 +20,12 @@ import argparse
 import json
 import os
 import statistics
-import time
 
 import torch
 
 from fairseq.modules.multihead_attention import MultiheadAttention
+
+from bet_fairseq.tools import timing
 
 
 def future_mask(n):
@@ -40,11 +41,7 @@ def sweep(args):
 
     device, heads, head_dim = torch.device(args.device), args.heads, args.embed // args.heads
     cuda = device.type == "cuda"
-    clock = time.perf_counter if cuda else time.process_time
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
+    clock = timing.Clock("wall" if cuda else "cpu", device)
 
     def vanilla(q, k, v, w, allowed):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
@@ -66,16 +63,14 @@ def sweep(args):
                 fwd, total = [], []
                 for rep in range(args.reps + 1):  # the first is a warm-up
                     if cuda:
-                        sync()
+                        torch.cuda.synchronize()
                         torch.cuda.reset_peak_memory_stats()
                         before = torch.cuda.memory_allocated()
-                    start = clock()
+                    start = clock.read()
                     out = fn(q, k, v, w, allowed)
-                    sync()
-                    mid = clock()
+                    mid = clock.read()
                     out.float().square().sum().backward()
-                    sync()
-                    end = clock()
+                    end = clock.read()
                     peak = (torch.cuda.max_memory_allocated() - before) / 2**20 if cuda else None
                     del out
                     q.grad = k.grad = v.grad = w.grad = None
@@ -168,14 +163,11 @@ def main(argv=None):
 
         jobs[name] = (train_step, decode)
         train_step(), decode()  # warm-up
-    times = {name: ([], []) for name in jobs}
-    for _ in range(args.reps):  # interleaved, so that load changes hit every module alike
-        for name, fns in jobs.items():
-            for fn, bucket in zip(fns, times[name]):
-                start = time.process_time()
-                fn()
-                bucket.append(time.process_time() - start)
-    for name, (train_t, dec_t) in times.items():
+    clock = timing.Clock("cpu")
+    # interleaved, so that load changes hit every module alike
+    times = timing.repeat(list(jobs), args.reps, lambda name: tuple(clock.seconds(fn) for fn in jobs[name]))
+    for name, values in times.items():
+        train_t, dec_t = zip(*values)
         print(f"| {name} | {1000 * statistics.median(train_t):.2f} | {1000 * statistics.median(dec_t):.2f} |")
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ the top-level operators of the modules named by ``--table``. bench_speed.py meas
 """
 
 import argparse
-import statistics
-import time
 
 import torch
+
+from bet_fairseq.tools import timing
 
 # operators that only make a new view or read metadata: no kernel runs
 VIEW_OPS = {
@@ -122,13 +122,9 @@ def profile(module, state, x, steps):
 def step_ms(jobs, rounds):
     """Median CPU ms of one step per module (process time: steadier than the wall clock on a shared machine),
     the modules interleaved in every round so that a change of load hits them alike."""
-    times = {name: [] for name in jobs}
-    for _ in range(rounds):
-        for name, (module, state, x) in jobs.items():
-            start = time.process_time()
-            one_step(module, state, x)
-            times[name].append(time.process_time() - start)
-    return {name: 1000 * statistics.median(t) for name, t in times.items()}
+    clock = timing.Clock("cpu")
+    times = timing.repeat(list(jobs), rounds, lambda name: clock.seconds(one_step, *jobs[name]))
+    return {name: 1000 * median for name, median in timing.medians(times).items()}
 
 
 def op_table(top, steps):
@@ -154,12 +150,11 @@ def main(argv=None):
     p.add_argument("--keys", type=int, default=15, help="keys in the cache at the profiled step")
     p.add_argument("--steps", type=int, default=20, help="profiled steps")
     p.add_argument("--rounds", type=int, default=50, help="timed steps per module (median), outside the profiler")
-    p.add_argument("--threads", type=int, default=0)
+    timing.add_threads_option(p)
     p.add_argument("--modules", default=",".join(MODULES), help="comma-separated names of MODULES")
     p.add_argument("--table", default="vanilla (fairseq),bet_sf", help="modules whose op table is printed")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    timing.set_threads(args.threads)
     names = [n for n in args.modules.split(",") if n]
     unknown = [n for n in names if n not in MODULES]
     if unknown:

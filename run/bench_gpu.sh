@@ -13,12 +13,12 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PYTHON:-python}
 mkdir -p "$OUT"
 if [[ "$DEVICE" == cpu ]]; then
-    "$PY" "$HERE/bench_speed.py" --size lm_tiny --quick --no-memory --device cpu --out "$OUT"
+    "$PY" "$HERE/bench_lm.py" --size lm_tiny --quick --no-memory --device cpu --out "$OUT"
     "$PY" "$HERE/bench_attention.py" --sweep 32,64 --sweep-tokens 256 --dtypes float32,bfloat16 --reps 1 \
         --device cpu --out "$OUT"
 else
-    "$PY" "$HERE/bench_speed.py" --size lm_enwik8 --block 512,1024 --max-tokens 16384 --reps 3 --device cuda --out "$OUT"
-    "$PY" "$HERE/bench_speed.py" --size iwslt --max-tokens 4096 --reps 3 --device cuda --out "$OUT"
+    "$PY" "$HERE/bench_lm.py" --size lm_enwik8 --block 512,1024 --max-tokens 16384 --reps 3 --device cuda --out "$OUT"
+    "$PY" "$HERE/bench_translation.py" --size iwslt --max-tokens 4096 --reps 3 --device cuda --out "$OUT"
     "$PY" "$HERE/bench_attention.py" --sweep 128,512,1024,2048,4096,8192 --sweep-tokens 65536 \
         --dtypes float16,bfloat16 --reps 5 --device cuda --out "$OUT"
 fi

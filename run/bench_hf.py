@@ -12,12 +12,12 @@ per-repetition ratios (BET / stock time; > 1: BET slower). Wall clock on whateve
 
 import argparse
 import statistics
-import time
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from bet_fairseq.hf import to_bet
+from bet_fairseq.tools import timing
 
 
 def training_step(model, optimiser, ids):
@@ -26,16 +26,6 @@ def training_step(model, optimiser, ids):
     loss.backward()
     optimiser.step()
     return loss
-
-
-def timed(step, device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def main(argv=None):
@@ -64,20 +54,18 @@ def main(argv=None):
     for name, model in models.items():
         for _ in range(args.warmup):
             training_step(model, optimisers[name], ids)
-    times = {name: [] for name in models}
-    for rep in range(args.reps):
-        order = list(models) if rep % 2 == 0 else list(reversed(list(models)))
-        for name in order:
-            times[name].append(timed(lambda: training_step(models[name], optimisers[name], ids), device))
-        print(f"rep {rep + 1}: stock {times['stock'][-1]:.3f} s, bet_sf {times['bet_sf'][-1]:.3f} s, "
-              f"ratio {times['bet_sf'][-1] / times['stock'][-1]:.3f}")
-    ratios = [b / s for b, s in zip(times["bet_sf"], times["stock"])]
+    clock = timing.Clock("wall", device)
+    times = timing.repeat(list(models), args.reps,
+                          lambda name: clock.seconds(training_step, models[name], optimisers[name], ids),
+                          report=lambda rep, t: print(f"rep {rep + 1}: stock {t['stock']:.3f} s, bet_sf "
+                                                      f"{t['bet_sf']:.3f} s, ratio {t['bet_sf'] / t['stock']:.3f}"))
     tokens = args.batch * args.length
     for name in models:
         median = statistics.median(times[name])
         print(f"{name}: median {median:.3f} s a step, {tokens / median:.0f} tokens/s")
-    print(f"BET / stock step time: median of per-repetition ratios {statistics.median(ratios):.3f} "
-          f"(ratio of medians {statistics.median(times['bet_sf']) / statistics.median(times['stock']):.3f})")
+    print(f"BET / stock step time: median of per-repetition ratios "
+          f"{timing.median_ratio(times['stock'], times['bet_sf']):.3f} "
+          f"(ratio of medians {timing.ratio_of_medians(times['stock'], times['bet_sf']):.3f})")
 
 
 if __name__ == "__main__":

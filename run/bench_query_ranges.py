@@ -10,19 +10,13 @@ machine disturbs them alike; medians in milliseconds and as a ratio to vanilla.
 import argparse
 import functools
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from bet_fairseq.core import functional
 from bet_fairseq.core.masks import causal_allowed
-
-
-def timed(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+from bet_fairseq.tools import timing
 
 
 def measure(length, tokens, heads, head_dim, configs, rounds):
@@ -37,23 +31,23 @@ def measure(length, tokens, heads, head_dim, configs, rounds):
         rows, most = map(int, name.split("x"))
         runs[name] = (lambda q, k, v, w: functional.bet_sf_fused(q, k, v, w, allowed),
                       functools.partial(default, chunk=rows, most=most))
-    times = {name: ([], []) for name in runs}
+    clock = timing.Clock("wall")
+
+    def forward_and_both(name):
+        fn, chunks = runs[name]
+        functional.query_chunks = chunks or default
+        functional.FUSED_MASKS.forget()  # the ranges are derived once per mask and remembered ...
+        with torch.no_grad():
+            fn(q, k, v, w)  # ... here, untimed: a model derives them once for all its layers
+            fwd = clock.seconds(fn, q, k, v, w)
+        return fwd, clock.seconds(lambda: fn(*leaves).sum().backward())
+
     try:
-        for i in range(rounds + 1):  # round 0 warms up
-            for name, (fn, chunks) in runs.items():
-                functional.query_chunks = chunks or default
-                functional.FUSED_MASKS.forget()  # the ranges are derived once per mask and remembered ...
-                with torch.no_grad():
-                    fn(q, k, v, w)  # ... here, untimed: a model derives them once for all its layers
-                    fwd = timed(lambda: fn(q, k, v, w))
-                both = timed(lambda: fn(*leaves).sum().backward())
-                if i:
-                    times[name][0].append(fwd)
-                    times[name][1].append(both)
+        times = timing.repeat(list(runs), rounds, forward_and_both, warmup=1)
     finally:
         functional.query_chunks = default
         functional.FUSED_MASKS.forget()
-    return {name: tuple(statistics.median(t) * 1e3 for t in pair) for name, pair in times.items()}
+    return {name: tuple(statistics.median(t) * 1e3 for t in zip(*pairs)) for name, pairs in times.items()}
 
 
 def main(argv=None):
@@ -64,10 +58,9 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    timing.add_threads_option(p)
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    timing.set_threads(args.threads)
     torch.manual_seed(0)
     configs = [c for c in args.configs.split(",") if c]
     print(f"threads={torch.get_num_threads()} tokens={args.tokens} heads={args.heads} head_dim={args.head_dim} "

@@ -1,4 +1,4 @@
-"""The benchmarks run and write sane results: run/bench_gpu.sh --device cpu (bench_speed.py --quick on the tiny
+"""The benchmarks run and write sane results: run/bench_gpu.sh --device cpu (bench_lm.py --quick on the tiny
 language model, bench_attention.py --sweep at toy sizes), seconds on a CPU."""
 
 import json
@@ -6,6 +6,8 @@ import math
 import os
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -82,22 +84,45 @@ def test_translation_generation_as_fairseq_generate_batches_it(tmp_path):
 
 
 def test_study_size_builds_the_study_language_model(tmp_path):
-    """bench_speed.py --size lm_study measures the model bet-reproduce trains at the cpu scale (docs/reproduce.md:
-    3 layers of 128, 4 heads, FFN 512, adaptive softmax with cutoffs 2000 and 10000 over WikiText-2's 33,278 words)
-    with the criterion that output layer needs (fairseq's adaptive_loss), for both rows."""
+    """bench_lm.py (and bench_speed.py) --size lm_study measures the model bet-reproduce trains at the cpu scale
+    (docs/reproduce.md: 3 layers of 128, 4 heads, FFN 512, adaptive softmax with cutoffs 2000 and 10000 over
+    WikiText-2's 33,278 words) with the criterion that output layer needs (fairseq's adaptive_loss), for both rows."""
     sys.path.insert(0, os.path.join(ROOT, "run"))
     try:
-        import bench_speed
+        import bench_lm
     finally:
         sys.path.pop(0)
     for row in ("vanilla", "bet_sf"):
         folder = tmp_path / row
         folder.mkdir()
-        task, trainer = bench_speed.build_lm(row, bench_speed.lm_data_dir(str(folder), 33278), "lm_study", "cpu", 512,
-                                             2048)
+        task, trainer = bench_lm.build_lm(row, bench_lm.lm_data_dir(str(folder), 33278), "lm_study", "cpu", 512, 2048)
         decoder = trainer.model.decoder
         assert len(task.target_dictionary) == 33278
         assert len(decoder.layers) == 3 and decoder.embed_dim == 128
         assert decoder.layers[0].fc1.out_features == 512 and decoder.layers[0].self_attn.num_heads == 4
         assert decoder.adaptive_softmax is not None and decoder.adaptive_softmax.cutoff == [2000, 10000, 33278]
         assert type(trainer.criterion).__name__ == "AdaptiveLoss"
+
+
+def test_bench_speed_hands_both_benchmarks_options_to_the_one_its_size_names(monkeypatch, capsys):
+    """bench_speed.py takes the options of both benchmarks (those of the other one have no effect, as before they
+    were apart) and runs bench_lm.py's or bench_translation.py's benchmark by --size; each of those refuses the
+    other's sizes."""
+    sys.path.insert(0, os.path.join(ROOT, "run"))
+    try:
+        import bench_lm
+        import bench_speed
+        import bench_translation
+    finally:
+        sys.path.pop(0)
+    calls = []
+    monkeypatch.setattr(bench_lm, "benchmark", lambda p, a: calls.append(("lm", a.size, a.block, a.beam)))
+    monkeypatch.setattr(bench_translation, "benchmark", lambda p, a: calls.append(("mt", a.size, a.block, a.beam)))
+    bench_speed.main(["--size", "lm_study", "--block", "128", "--beam", "3"])
+    bench_speed.main(["--size", "small", "--beam", "4", "--new-tokens", "8"])
+    bench_speed.main([])
+    assert calls == [("lm", "lm_study", "128", 3), ("mt", "small", None, 4), ("mt", "iwslt", None, 5)]
+    for module, size in ((bench_lm, "iwslt"), (bench_translation, "lm_tiny")):
+        with pytest.raises(SystemExit) as exit_:
+            module.main(["--size", size])
+        assert exit_.value.code == 2 and f"invalid choice: '{size}'" in capsys.readouterr().err

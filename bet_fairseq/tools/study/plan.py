@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from bet_fairseq import catalog, recipes
-from bet_fairseq.recipes import Flags, lm_sizes, merge, mt_sizes
+from bet_fairseq.recipes import ADAPTIVE_LM as _ADAPTIVE_LM, STUDY_LM, Flags, lm_sizes, merge, mt_sizes
 
 SCALES = ("smoke", "cpu", "paper")
 
@@ -173,9 +173,6 @@ class Scale:
 
 # every row selects checkpoint_best on the token loss (BET(SG)'s training loss includes lambda_p * L_p)
 _NLL_BEST: Flags = {"--best-checkpoint-metric": "nll_loss", "--maximize-best-checkpoint-metric": None}
-# fairseq's adaptive softmax (the criterion follows: recipes.for_softmax); fairseq's adaptive_loss refuses the
-# default pytorch_ddp backend even on one process; Adam eps 1e-8 (the authors' 1e-3 brakes a short run)
-_ADAPTIVE_LM: Flags = {"--adaptive-softmax-cutoff": "2000,10000", "--ddp-backend": "legacy_ddp", "--adam-eps": 1e-8}
 
 _CPU_COMMON: Flags = {"--cpu": True, "--num-workers": 0, "--log-format": "json", "--no-progress-bar": True,
                       "--max-epoch": None, "--keep-interval-updates": 1,
@@ -214,7 +211,7 @@ SCALE_TABLE: Dict[str, Scale] = {
                    "--max-tokens": 2048, "--lr": 2e-3, "--warmup-updates": 300, "--dropout": 0.1,
                    "--weight-decay": None, "--max-update": 6000,
                    "--log-interval": 50, "--validate-interval-updates": 200, "--save-interval-updates": 200}),
-               "lm": merge(lm_sizes(3, 128, 512, 4), _CPU_COMMON, _ADAPTIVE_LM, {
+               "lm": merge(STUDY_LM, _CPU_COMMON, _ADAPTIVE_LM, {
                    "--tokens-per-sample": 512, "--batch-size": None, "--max-tokens": 2048, "--lr": 2e-3,
                    "--warmup-updates": 300, "--dropout": 0.1, "--max-update": 3000, "--patience": None,
                    "--max-valid-steps": 25, "--log-interval": 50, "--validate-interval-updates": 200,
