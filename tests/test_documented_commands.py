@@ -238,7 +238,12 @@ def check_python(command: Command, argv: List[str]):
         return
     script = os.path.join(ROOT, argv[0])
     assert os.path.isfile(script), f"{argv[0]} does not exist"
-    parse_with(lambda: runpy.run_path(script, run_name="__main__"), script, argv[1:])
+    # `python run/x.py` puts the script's folder first on sys.path (its sibling modules import as top-level)
+    sys.path.insert(0, os.path.dirname(script))
+    try:
+        parse_with(lambda: runpy.run_path(script, run_name="__main__"), script, argv[1:])
+    finally:
+        sys.path.remove(os.path.dirname(script))
 
 
 def check_shell_script(argv: List[str]):
