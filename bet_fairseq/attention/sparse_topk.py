@@ -19,7 +19,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from ..compat import option_added
-from ..core.functional import top_k_keep
+from ..core.baselines import top_k_keep
 from ..errors import InputError
 from . import SelfAttentionVariant, register_variant
 from .sites import CROSS, DECODER_SELF, DESCRIPTIONS, ENCODER_SELF
