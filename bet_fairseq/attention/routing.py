@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from fairseq.dataclass import FairseqDataclass
 
-from ..compat import option_added
+from ..option_history import option_added
 from ..core.baselines import nearest_centroid, routing_vectors, with_commitment_gradient
 from ..core.masks import own_position
 from . import SelfAttentionVariant, register_variant

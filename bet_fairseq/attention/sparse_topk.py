@@ -18,7 +18,7 @@ from fairseq import utils
 from fairseq.dataclass import FairseqDataclass
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from ..compat import option_added
+from ..option_history import option_added
 from ..core.baselines import top_k_keep
 from ..errors import InputError
 from . import SelfAttentionVariant, register_variant
