@@ -1,5 +1,5 @@
 """The paper's variants as fairseq modules (vanilla, Reduced / Magnified Diag, DiagFreeMask, BET(SF) and its
-options) against the naive reference of BET_SPEC (tests/reference.py) and against fairseq."""
+options) against the naive reference of the method (docs/method.md; tests/reference.py) and against fairseq."""
 
 import pytest
 import torch
