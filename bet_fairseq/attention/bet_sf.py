@@ -1,4 +1,5 @@
-"""BET(SF): syntax-free re-weighting of the keys plus the DiagFreeMask (Sha et al., section 3).
+"""BET(SF): syntax-free re-weighting of the keys plus the DiagFreeMask (Sha et al., section 3; docs/method.md,
+"BET(SF) re-weighting" and "diagonal-free mask").
 
 ``--bet-form equations`` (the default), the paper's equations: a first pass ``A = softmax(D)``, ``H = A V``; per
 key ``R_j = sigmoid(w . [H_j ; K_j])``; a second pass ``A' = softmax(DiagFreeMask(D * R))``, output ``A' V``.
@@ -6,7 +7,7 @@ key ``R_j = sigmoid(w . [H_j ; K_j])``; a second pass ``A' = softmax(DiagFreeMas
 only on positions up to it, so an incremental decoder caches R and ``V w_h`` per key (batch-first) and never
 recomputes them.
 
-``--bet-form authors`` / ``authors_lm``, the first author's public code (README, "The authors' BET(SF)"): one
+``--bet-form authors`` / ``authors_lm``, the first author's public code (docs/method.md, its code forms): one
 ``Linear(2 * head_dim, 1)`` with a bias (``bet_authors_w``) shared by the heads, fed with ``[K_j ; H_j]``
 (authors) or ``[Q_j / sqrt(d) ; H_j]`` (authors_lm), where H is the first pass's output after ``out_proj``,
 split back into heads; the second pass goes through its own output projection ``bet_out_proj2``. The decoder
