@@ -44,7 +44,6 @@ def _chunk_probs(q: Tensor, k: Tensor, bias: Optional[Tensor], s: int, e: int) -
     return torch.softmax(d, dim=-1)
 
 
-
 # ------------------------------------------------------------------------------------ the first pass alone
 class _FirstPassValueScores(torch.autograd.Function):
     """``softmax(D + bias) (V w_h)`` query range by range, storing no T x S matrix: the backward recomputes
@@ -105,6 +104,7 @@ def first_pass_value_scores(q: Tensor, k: Tensor, vw: Tensor, allowed: Optional[
     if bounds is None:
         bounds = query_chunks(allowed, q.size(2), k.size(2))
     return _FirstPassValueScores.apply(q, k, vw.squeeze(-1), bias, bounds).unsqueeze(-1)
+
 
 # ------------------------------------------------------------------------------------ both passes on CPU
 def masked_column_starts(blocked1: Tensor, blocked2: Tensor, bounds):
@@ -228,7 +228,7 @@ def bet_sf_cpu_kernel(q: Tensor, k: Tensor, v: Tensor, w: Tensor, masks) -> Tens
 # ------------------------------------------------------------------------------------ SDPA
 def bet_sf_causal_sdpa(q: Tensor, k: Tensor, v: Tensor, w: Tensor, keep_diagonal: bool = False,
                        dropout_p: float = 0.0) -> Tensor:
-    """``bet_sf_fused`` under the plain causal mask (T == S, no padding) with no mask tensor at all, so that
+    """BET(SF) under the plain causal mask (T == S, no padding) with no mask tensor at all, so that
     memory stays linear in T (GPUs): the first pass is ``SDPA(Q, K, V w_h, is_causal)`` (V w_h padded to 8
     columns); the DiagFreeMask is the causal mask shifted by one key, query i >= 1 sees keys 0 .. i-1:
     ``SDPA(Q[1:], (R ⊙ K)[:-1], V[:-1], is_causal)``, and row 0 sees only itself (output V_0)."""
@@ -244,7 +244,6 @@ def bet_sf_causal_sdpa(q: Tensor, k: Tensor, v: Tensor, w: Tensor, keep_diagonal
     if dropout_p > 0:  # row 0's single weight 1, dropped out like any other weight
         first_row = F.dropout(torch.ones_like(first_row[..., :1]), dropout_p) * first_row
     return torch.cat([first_row, rest], dim=2)
-
 
 
 def bet_sf_folded_sdpa(q: Tensor, k: Tensor, v: Tensor, w: Tensor, allowed: Optional[Tensor],
