@@ -20,10 +20,10 @@ Tools that do not run models (``bet-syntax-hints``, ``bet-results``) never impor
 6. ``upgrade_older_checkpoints``  an option added after a checkpoint was saved is absent from its stored
    model configuration, and an architecture would fill today's default (say the library configuration of
    Hopfield) into a model trained with the earlier behaviour. Before fairseq upgrades a loaded checkpoint
-   (``checkpoint_utils._upgrade_state_dict``), each option of the bet_fairseq model's options dataclass
-   whose field declares ``option_added(version, before)`` in its metadata and that the stored configuration
-   lacks is set to ``before``, the value that reproduces what the checkpoint was trained with. Checkpoints
-   of other models are untouched.
+   (``checkpoint_utils._upgrade_state_dict``), ``option_history.fill_options_added`` sets each option that
+   the bet_fairseq model's options dataclass declares with ``option_history.option_added(version, before)``
+   and that the stored configuration lacks to ``before``, the value that reproduces what the checkpoint was
+   trained with. Checkpoints of other models are untouched.
 7. ``report_input_errors``  fairseq's commands run the plugin inside their own ``cli_main``, so an
    option error of ours (``--self-attn-layers 9-12`` on 6 layers, ``--pointer-lambda nan``) was the last
    line of a long traceback. ``sys.excepthook`` gets one more case: an uncaught ``errors.InputError`` is
@@ -58,16 +58,15 @@ for single-process runs, Slurm, ``--distributed-init-method`` or fairseq's own m
 
 import argparse
 import collections
-import contextlib
-import dataclasses
 import logging
 import os
 import sys
 import types
-from typing import Dict, NamedTuple
 
 import numpy as np
 import torch
+
+from .option_history import fill_options_added
 
 logger = logging.getLogger(__name__)
 
@@ -244,74 +243,6 @@ def restore_np_compat_long():
 
 
 # ------------------------------------------------------------------------------- older checkpoints
-OPTION_ADDED = "bet_fairseq_option_added"  # the key of an options dataclass field's metadata
-
-
-class OptionAdded(NamedTuple):
-    version: str  # the bet_fairseq version that added the option
-    before: object  # the value that means the behaviour from before the option existed
-
-
-def option_added(version: str, before) -> Dict[str, OptionAdded]:
-    """Field metadata of an option that checkpoints saved before ``version`` lack, with the value that
-    keeps their behaviour (see ``upgrade_older_checkpoints``):
-    ``field(default=..., metadata={"help": ..., **option_added("0.2", before=...)})``."""
-    return {OPTION_ADDED: OptionAdded(str(version), before)}
-
-
-def options_added(options_class) -> Dict[str, OptionAdded]:
-    """{option name: ``OptionAdded``} of the fields of a dataclass that declare ``option_added``."""
-    if options_class is None:
-        return {}
-    return {f.name: f.metadata[OPTION_ADDED] for f in dataclasses.fields(options_class) if OPTION_ADDED in f.metadata}
-
-
-def _bet_fairseq_model(model_cfg):
-    """The model class a stored configuration names when bet_fairseq registered it, else None."""
-    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
-
-    for key in ("_name", "arch"):
-        name = _get_option(model_cfg, key)
-        model = ARCH_MODEL_REGISTRY.get(name) or MODEL_REGISTRY.get(name)
-        if model is not None:
-            return model if model.__module__.startswith("bet_fairseq.") else None
-    return None
-
-
-def model_options_class(model):
-    """The dataclass of a model's options: the one fairseq registered it with, else (a model of fairseq's
-    argparse kind) its ``options_dataclass``."""
-    return getattr(model, "__dataclass", None) or getattr(model, "options_dataclass", None)
-
-
-def _get_option(model_cfg, name):
-    if isinstance(model_cfg, argparse.Namespace):
-        return getattr(model_cfg, name, None)
-    return model_cfg.get(name) if name in model_cfg else None
-
-
-def fill_options_added(state) -> None:
-    """Set, in a loaded checkpoint's model configuration, every option it lacks that its model's options
-    dataclass declares with ``option_added``."""
-    from omegaconf import OmegaConf, open_dict
-
-    cfg = state.get("cfg")
-    model_cfg = cfg.get("model") if cfg is not None else state.get("args")
-    model = None if model_cfg is None else _bet_fairseq_model(model_cfg)
-    if model is None:
-        return
-    added = options_added(model_options_class(model))
-    if isinstance(model_cfg, argparse.Namespace):
-        for name, option in added.items():
-            if not hasattr(model_cfg, name):
-                setattr(model_cfg, name, option.before)
-        return
-    with open_dict(model_cfg) if OmegaConf.is_config(model_cfg) else contextlib.nullcontext():
-        for name, option in added.items():
-            if name not in model_cfg:
-                model_cfg[name] = option.before
-
-
 def upgrade_older_checkpoints():
     from fairseq import checkpoint_utils
 

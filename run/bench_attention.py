@@ -36,7 +36,7 @@ def sweep(args):
     """Vanilla SDPA vs BET(SF)'s fused path per T and dtype: times and (CUDA) peak memory."""
     import torch.nn.functional as F
 
-    from bet_fairseq.core.functional import bet_sf_fused
+    from bet_fairseq.core.paths import bet_sf_fused
     from bet_fairseq.core.masks import causal_allowed
 
     device, heads, head_dim = torch.device(args.device), args.heads, args.embed // args.heads

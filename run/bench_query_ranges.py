@@ -14,7 +14,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from bet_fairseq.core import functional
+from bet_fairseq.core import kernels
+from bet_fairseq.core.paths import bet_sf_fused
 from bet_fairseq.core.masks import causal_allowed
 from bet_fairseq.tools import timing
 
@@ -25,18 +26,18 @@ def measure(length, tokens, heads, head_dim, configs, rounds):
     w = torch.randn(heads, 2 * head_dim) * 0.1
     allowed = causal_allowed(length, length, q.device)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, w)]
-    default = functional.query_chunks
+    default = kernels.query_chunks
     runs = {"vanilla": (lambda q, k, v, w: F.scaled_dot_product_attention(q, k, v, is_causal=True), None)}
     for name in configs:
         rows, most = map(int, name.split("x"))
-        runs[name] = (lambda q, k, v, w: functional.bet_sf_fused(q, k, v, w, allowed),
+        runs[name] = (lambda q, k, v, w: bet_sf_fused(q, k, v, w, allowed),
                       functools.partial(default, chunk=rows, most=most))
     clock = timing.Clock("wall")
 
     def forward_and_both(name):
         fn, chunks = runs[name]
-        functional.query_chunks = chunks or default
-        functional.FUSED_MASKS.forget()  # the ranges are derived once per mask and remembered ...
+        kernels.query_chunks = chunks or default
+        kernels.KERNEL_MASKS.forget()  # the ranges are derived once per mask and remembered ...
         with torch.no_grad():
             fn(q, k, v, w)  # ... here, untimed: a model derives them once for all its layers
             fwd = clock.seconds(fn, q, k, v, w)
@@ -45,8 +46,8 @@ def measure(length, tokens, heads, head_dim, configs, rounds):
     try:
         times = timing.repeat(list(runs), rounds, forward_and_both, warmup=1)
     finally:
-        functional.query_chunks = default
-        functional.FUSED_MASKS.forget()
+        kernels.query_chunks = default
+        kernels.KERNEL_MASKS.forget()
     return {name: tuple(statistics.median(t) * 1e3 for t in zip(*pairs)) for name, pairs in times.items()}
 
 

@@ -17,7 +17,7 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Type
 from fairseq.dataclass import FairseqDataclass
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from ..compat import OPTION_ADDED
+from ..option_history import OPTION_ADDED
 from .base import Attended, SelfAttentionVariant  # noqa: F401
 from ..errors import InputError
 from .sites import CROSS, DECODER_SELF, ENCODER_SELF, LM_SITES, TRANSLATION_SITES  # noqa: F401
@@ -103,7 +103,7 @@ def variant_options(args):
     for other in option_classes():
         for f in option_fields(other):
             value = _get(args, f.name, None)
-            # (a value that compat fills into a checkpoint saved before the option existed is no error)
+            # (a value that option_history fills into a checkpoint saved before the option existed is no error)
             if f.name not in own and value is not None and value != f.default and not (
                     OPTION_ADDED in f.metadata and value == f.metadata[OPTION_ADDED].before):
                 users = [n for n, c in VARIANTS.items() if c.options_class is other]
@@ -150,7 +150,7 @@ def resolve_attention(args, num_heads: int, model_sites: Iterable[str] = LM_SITE
     """A model's attention from its options, once, before anything is built (``model_sites``: the attention
     sites the model has). Fills the variant's model-dependent defaults (``model_option_defaults``), fails on
     bad options, then writes the variant's option defaults into ``args``, so that the checkpoint holds them
-    (an option declared with ``compat.option_added`` is filled only into a checkpoint that lacks it, which
+    (an option declared with ``option_history.option_added`` is filled only into a checkpoint that lacks it, which
     must mean one saved before the option existed)."""
     model_sites = frozenset(model_sites)
     for name, value in variant_class(args).model_option_defaults(model_sites).items():

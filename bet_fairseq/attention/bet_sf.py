@@ -1,4 +1,5 @@
-"""BET(SF): syntax-free re-weighting of the keys plus the DiagFreeMask (Sha et al., section 3).
+"""BET(SF): syntax-free re-weighting of the keys plus the DiagFreeMask (Sha et al., section 3; docs/method.md,
+"BET(SF) re-weighting" and "diagonal-free mask").
 
 ``--bet-form equations`` (the default), the paper's equations: a first pass ``A = softmax(D)``, ``H = A V``; per
 key ``R_j = sigmoid(w . [H_j ; K_j])``; a second pass ``A' = softmax(DiagFreeMask(D * R))``, output ``A' V``.
@@ -12,10 +13,11 @@ recomputes them.
 split back into heads; the second pass goes through its own output projection ``bet_out_proj2``. The decoder
 caches R per key.
 
-A decoding step that sees every key (beam search, sampling: one token, no padding) takes ``decoding_step``: two
-matrix products make q and, per head, k, v and what R needs of the new key (weights derived once per generation),
-no mask tensor, the cache read as it is stored: vanilla's 10 operators plus 4 (docs/method.md, §3.5;
-``run/bench_decoding_step.py`` counts them).
+Which computation runs is ``core.paths.choose_path``'s decision. A decoding step that sees every key (beam search,
+sampling: one token, no padding) takes ``decoding_step`` (``core/decoding_step.py``): two matrix products make q
+and, per head, k, v and what R needs of the new key (weights derived once per generation), no mask tensor, the cache
+read as it is stored: vanilla's 10 operators plus 4 (docs/method.md, §3.5; ``run/bench_decoding_step.py`` counts
+them).
 """
 
 import math
@@ -27,9 +29,12 @@ from torch import nn
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from ..core.functional import (bet_authors_fused, bet_authors_logits, bet_authors_step, bet_authors_step_projection,
-                               bet_sf_fused, bet_sf_logits, bet_sf_step, bet_sf_step_projection)
+from ..core.author_form import bet_authors_logits
+from ..core.decoding_step import bet_authors_step, bet_authors_step_projection, bet_sf_step, bet_sf_step_projection
+from ..core.functional import bet_sf_logits
+from ..core.kernels import bet_authors_fused
 from ..core.masks import rows_without_keys
+from ..core.paths import CPU_EXACT_MAX_KEYS, BetPath, bet_sf_fused, choose_path
 from . import Attended, SelfAttentionVariant, register_variant
 from ..errors import InputError
 from .base import CACHE_PREFIX
@@ -58,10 +63,9 @@ class BetOptions(FairseqDataclass):
 
 @register_variant("bet_sf", options=BetOptions)
 class BetSFSelfAttention(SelfAttentionVariant):
-    # On CPU, up to this many keys the exact path (autograd over the materialised matrices) is a little
-    # faster than the fused kernel; above it the kernel is as fast and keeps no T x S matrix for the backward
-    # (docs/performance.md, §7). Set to 0 to always take the fused path when use_fused_attention is on.
-    cpu_exact_max_keys = 64
+    # On CPU, up to this many keys the exact path (see ``choose_path``); 0: the fused path whenever
+    # ``use_fused_attention`` is on.
+    cpu_exact_max_keys = CPU_EXACT_MAX_KEYS
 
     def __init__(self, embed_dim, num_heads, options=None, **kwargs):
         super().__init__(embed_dim, num_heads, options=options, **kwargs)
@@ -89,16 +93,18 @@ class BetSFSelfAttention(SelfAttentionVariant):
     def masks_diagonal(self) -> bool:
         return not self.options.bet_keep_diagonal
 
-    def take_fused(self, k, exact) -> bool:
-        return (not exact and self.use_fused_attention
-                and not (k.device.type == "cpu" and k.size(2) <= self.cpu_exact_max_keys))
+    def path(self, q, k, allowed, exact) -> BetPath:
+        return choose_path(q, k, allowed, bool(self.options.bet_keep_diagonal), self.dropout_p(),
+                           fused=not exact and self.use_fused_attention, form=self.bet_form,
+                           cpu_exact_max_keys=self.cpu_exact_max_keys)
 
     def attend(self, q, k, v, allowed, cache, exact):
         if self.bet_form != "equations":
             return self.attend_authors(q, k, v, allowed, cache, exact)
         keep = bool(self.options.bet_keep_diagonal)
-        if self.take_fused(k, exact):
-            return Attended(bet_sf_fused(q, k, v, self.bet_w, allowed, keep, self.dropout_p()))
+        path = self.path(q, k, allowed, exact)
+        if path is not BetPath.EXACT:
+            return Attended(bet_sf_fused(q, k, v, self.bet_w, allowed, keep, self.dropout_p(), path=path))
         empty = rows_without_keys(allowed)  # once: both passes have the same rows without keys
         logits, final_allowed, first, r, vw = bet_sf_logits(
             q, k, v, self.bet_w, allowed, keep, cache.get("bet_r"), cache.get("bet_vw"), empty)
@@ -110,7 +116,7 @@ class BetSFSelfAttention(SelfAttentionVariant):
         keep = bool(self.options.bet_keep_diagonal)
         r_input = "query" if self.bet_form == "authors_lm" else "key"
         w = self.bet_authors_w
-        if self.take_fused(k, exact):
+        if self.path(q, k, allowed, exact) is not BetPath.EXACT:
             return Attended(bet_authors_fused(q, k, v, w.weight, w.bias, self.out_proj, allowed, keep, r_input,
                                               self.dropout_p()))
         logits, final_allowed, first, r = bet_authors_logits(

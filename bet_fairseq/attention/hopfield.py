@@ -29,8 +29,8 @@ from torch import nn
 
 from fairseq.dataclass import FairseqDataclass
 
-from ..compat import option_added
-from ..core.functional import hopfield_logits
+from ..option_history import option_added
+from ..core.baselines import hopfield_logits
 from ..core.masks import safe_sdpa
 from . import Attended, SelfAttentionVariant, register_variant
 from ..errors import InputError

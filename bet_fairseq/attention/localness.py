@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from ..compat import option_added
-from ..core.functional import localness_bias
+from ..option_history import option_added
+from ..core.baselines import localness_bias
 from . import SelfAttentionVariant, register_variant
 from ..errors import InputError
 

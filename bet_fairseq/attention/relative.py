@@ -19,7 +19,7 @@ the cache keeps only the last N - 1 keys, which is all a later query can see.
 import torch
 from torch import nn
 
-from ..core.functional import relative_logits, relative_sinusoids
+from ..core.baselines import relative_logits, relative_sinusoids
 from ..core.masks import own_position
 from . import SelfAttentionVariant, register_variant
 from ..errors import InputError

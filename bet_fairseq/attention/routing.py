@@ -17,7 +17,7 @@ queries and keys routed separately, and a forced link of each query to its own k
 The k-means commitment term ``||r - mu(r)||^2`` (``--routing-commitment``, the reference code's beta)
 pulls the routing vectors towards their centroids. fairseq's criterions add no auxiliary loss, so it
 enters as a gradient: the routing vectors pass through an identity whose backward adds that of
-``beta * sum over tokens of mean_heads ||r - mu(r)||^2`` (``core.functional.with_commitment_gradient``);
+``beta * sum over tokens of mean_heads ||r - mu(r)||^2`` (``core.baselines.with_commitment_gradient``);
 the trainer's division by the sample size (tokens) makes it the per-token mean, any criterion keeps
 working, and the reported loss and perplexity stay the criterion's own.
 
@@ -41,8 +41,8 @@ import torch.nn.functional as F
 
 from fairseq.dataclass import FairseqDataclass
 
-from ..compat import option_added
-from ..core.functional import nearest_centroid, routing_vectors, with_commitment_gradient
+from ..option_history import option_added
+from ..core.baselines import nearest_centroid, routing_vectors, with_commitment_gradient
 from ..core.masks import own_position
 from . import SelfAttentionVariant, register_variant
 from ..errors import InputError

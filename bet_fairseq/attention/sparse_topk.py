@@ -18,8 +18,8 @@ from fairseq import utils
 from fairseq.dataclass import FairseqDataclass
 from fairseq.modules.multihead_attention import MultiheadAttention
 
-from ..compat import option_added
-from ..core.functional import top_k_keep
+from ..option_history import option_added
+from ..core.baselines import top_k_keep
 from ..errors import InputError
 from . import SelfAttentionVariant, register_variant
 from .sites import CROSS, DECODER_SELF, DESCRIPTIONS, ENCODER_SELF

@@ -9,7 +9,8 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.utils import safe_getattr
 
 from .. import attention
-from ..compat import option_added, register_help
+from ..compat import register_help
+from ..option_history import option_added
 from ..errors import InputError
 
 

@@ -10,7 +10,7 @@ import torch
 from fairseq.modules.multihead_attention import MultiheadAttention
 
 from bet_fairseq.attention import VARIANTS
-from bet_fairseq.compat import options_added
+from bet_fairseq.option_history import options_added
 from conftest import assert_decoding_consistent, full_forward, make_attention, padding_mask
 from reference import reference_attention, reference_hopfield_library
 

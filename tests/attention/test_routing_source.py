@@ -11,7 +11,7 @@ from conftest import assert_incremental_equals_full, assert_reorder_continues, f
 from reference import linear, projections, reference_commitment_loss, reference_for, route
 
 from bet_fairseq.attention.routing import RoutingOptions
-from bet_fairseq.core.functional import with_commitment_gradient
+from bet_fairseq.core.baselines import with_commitment_gradient
 
 E, H, D = 16, 4, 4
 

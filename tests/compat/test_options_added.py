@@ -1,5 +1,5 @@
 """Patch 6: an option added after a checkpoint was saved gets, on load, the value that keeps the behaviour
-the checkpoint was trained with, as its options dataclass field declares it (``compat.option_added`` in the
+the checkpoint was trained with, as its options dataclass field declares it (``option_history.option_added`` in the
 field's metadata); other models' checkpoints and options they store are left alone."""
 
 import argparse
@@ -10,7 +10,7 @@ import pytest
 from fairseq import checkpoint_utils
 from omegaconf import OmegaConf
 
-from bet_fairseq import compat
+from bet_fairseq import option_history
 from bet_fairseq.models.transformer import VariantTransformerModel
 from bet_fairseq.models.transformer_lm import VariantTransformerLanguageModel
 
@@ -22,8 +22,8 @@ class ProbeOptions:
     """Options of a later version than the fixtures: one they lack, one they store."""
 
     probe_option_added_later: str = dataclasses.field(
-        default="today", metadata={"help": "probe", **compat.option_added("9.9", before="before")})
-    routing_clusters: int = dataclasses.field(default=16, metadata=compat.option_added("9.9", before=999))
+        default="today", metadata={"help": "probe", **option_history.option_added("9.9", before="before")})
+    routing_clusters: int = dataclasses.field(default=16, metadata=option_history.option_added("9.9", before=999))
 
 
 @pytest.fixture
@@ -52,13 +52,13 @@ def test_version_0_1_checkpoints_get_the_declared_values_of_todays_options():
 
 
 def test_the_declarations_are_read_from_the_fields():
-    added = compat.options_added(ProbeOptions)
-    assert added == {"probe_option_added_later": compat.OptionAdded("9.9", "before"),
-                     "routing_clusters": compat.OptionAdded("9.9", 999)}
-    assert compat.options_added(None) == {}
+    added = option_history.options_added(ProbeOptions)
+    assert added == {"probe_option_added_later": option_history.OptionAdded("9.9", "before"),
+                     "routing_clusters": option_history.OptionAdded("9.9", 999)}
+    assert option_history.options_added(None) == {}
     from bet_fairseq.models.options import AttentionConfig
 
-    todays = compat.options_added(AttentionConfig)
+    todays = option_history.options_added(AttentionConfig)
     assert {name: o.before for name, o in todays.items()} == {
         "self_attn_layers": "all", "hopfield_config": "attention", "localness_centre_scale": "i+1",
         "routing_separate_qk": True, "routing_commitment": 0.0, "sparse_topk_attention": "ds"}
@@ -67,11 +67,11 @@ def test_the_declarations_are_read_from_the_fields():
 
 def test_other_models_are_untouched(probe_options):
     theirs = {"cfg": {"model": OmegaConf.create({"_name": "transformer_lm"})}}
-    compat.fill_options_added(theirs)
+    option_history.fill_options_added(theirs)
     assert "probe_option_added_later" not in theirs["cfg"]["model"]
     old_style = {"args": argparse.Namespace(arch="transformer_iwslt_de_en")}
-    compat.fill_options_added(old_style)
+    option_history.fill_options_added(old_style)
     assert not hasattr(old_style["args"], "probe_option_added_later")
     ours = {"args": argparse.Namespace(arch="bet_sf_iwslt")}
-    compat.fill_options_added(ours)
+    option_history.fill_options_added(ours)
     assert ours["args"].probe_option_added_later == "before"

@@ -7,7 +7,9 @@ import torch
 from torch import nn
 
 from bet_fairseq.core import bet_authors_attention, causal_allowed
-from bet_fairseq.core.functional import bet_authors_fused, bet_authors_r, merge_heads, split_heads
+from bet_fairseq.core.author_form import bet_authors_r
+from bet_fairseq.core.functional import merge_heads, split_heads
+from bet_fairseq.core.kernels import bet_authors_fused
 from conftest import padding_mask
 from reference import reference_bet_authors
 

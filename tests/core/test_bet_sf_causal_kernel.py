@@ -5,8 +5,9 @@ padding, the DiagFreeMask options; and that it is the path taken."""
 import pytest
 import torch
 
-import bet_fairseq.core.functional as functional
-from bet_fairseq.core.functional import bet_sf_fused, query_chunks
+from bet_fairseq.core import kernels
+from bet_fairseq.core.kernels import query_chunks
+from bet_fairseq.core.paths import bet_sf_fused
 from bet_fairseq.core.masks import causal_allowed
 
 B, H, D = 2, 2, 4
@@ -42,8 +43,8 @@ def test_kernel_matches_the_equations(monkeypatch, tgt, keep_diagonal, shared_w,
         pad[1, -3:] = True
         allowed = allowed & ~pad.view(B, 1, 1, tgt)
     calls = []
-    kernel = functional._BetSFCausal.apply
-    monkeypatch.setattr(functional._BetSFCausal, "apply", lambda *a: calls.append(a[-1]) or kernel(*a))
+    kernel = kernels._BetSFCausal.apply
+    monkeypatch.setattr(kernels._BetSFCausal, "apply", lambda *a: calls.append(a[-1]) or kernel(*a))
     got = bet_sf_fused(q, k, v, w, allowed, keep_diagonal)
     assert len(calls) == 1 and [(s, e) for s, e, _, _ in calls[0]] == query_chunks(allowed, tgt, tgt)
     # first masked key column per range: row s masks key s + 1 on (causal); DiagFreeMask also key s itself,
@@ -77,7 +78,7 @@ def test_mask_free_causal_sdpa_form_matches_the_equations(keep_diagonal):
     tgt = 9
     q, k, v = (torch.randn(B, H, tgt, D, requires_grad=True) for _ in range(3))
     w = torch.randn(H, 2 * D, requires_grad=True)
-    got = functional.bet_sf_causal_sdpa(q, k, v, w, keep_diagonal)
+    got = kernels.bet_sf_causal_sdpa(q, k, v, w, keep_diagonal)
     want = dense_bet_sf(q, k, v, w, causal_allowed(tgt, tgt), keep_diagonal)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
     grads_got = torch.autograd.grad(got.square().sum(), (q, k, v, w))
@@ -94,7 +95,7 @@ def test_first_pass_by_query_ranges_matches_the_equations():
         torch.randn(B, H, tgt, 1, requires_grad=True)
     allowed = causal_allowed(tgt, tgt)
     assert len(query_chunks(allowed, tgt, tgt)) == 3
-    got = functional.first_pass_value_scores(q, k, vw, allowed, use_sdpa=False)
+    got = kernels.first_pass_value_scores(q, k, vw, allowed, use_sdpa=False)
     scores = (q.double() @ k.double().transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
     want = torch.softmax(scores, -1) @ vw.double()
     torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)

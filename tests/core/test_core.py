@@ -22,7 +22,9 @@ from bet_fairseq.core import (
     scale_diagonal,
     top_k_keep,
 )
-from bet_fairseq.core.functional import bet_sf_fused, first_pass_value_scores, nearest_centroid, routing_vectors
+from bet_fairseq.core.baselines import nearest_centroid, routing_vectors
+from bet_fairseq.core.kernels import first_pass_value_scores
+from bet_fairseq.core.paths import bet_sf_fused
 from conftest import padding_mask
 from reference import NEG, reference_attention, reference_first_pass_value_scores, route, sinusoid, softmax_row
 

@@ -136,7 +136,7 @@ def test_same_length_and_clamp_len_against_hand_built_equivalents():
     """same_length: every query sees exactly its last mem_len positions (itself included), checked against
     the unrestricted model given that window as an explicit mask; clamp_len: distances beyond it use the
     embedding of clamp_len, checked against a loop over the relative logits."""
-    from bet_fairseq.core.functional import relative_logits
+    from bet_fairseq.core.baselines import relative_logits
 
     decoder, _ = tiny_txl(mem_len=4)
     attn = decoder.layers[0].self_attn.eval()

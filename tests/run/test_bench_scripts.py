@@ -47,18 +47,18 @@ def test_query_range_benchmark_uses_the_configured_ranges(monkeypatch, capsys):
         import bench_query_ranges
     finally:
         sys.path.pop(0)
-    from bet_fairseq.core import functional
+    from bet_fairseq.core import kernels
 
-    default = functional.query_chunks
+    default = kernels.query_chunks
     seen = []
-    kernel = functional._BetSFCausal.apply
-    monkeypatch.setattr(functional._BetSFCausal, "apply", lambda *a: seen.append(len(a[-1])) or kernel(*a))
+    kernel = kernels._BetSFCausal.apply
+    monkeypatch.setattr(kernels._BetSFCausal, "apply", lambda *a: seen.append(len(a[-1])) or kernel(*a))
     bench_query_ranges.main(["--lengths", "128", "--configs", "64x2,128x2", "--rounds", "1", "--tokens", "256",
                              "--heads", "2", "--head-dim", "8", "--threads", "1"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 128 |")]
     assert [r.split("|")[2].strip() for r in rows] == ["vanilla", "64x2", "128x2"]
     assert seen == [2, 2, 2, 1, 1, 1] * 2  # (warm-up + 1 round) x (64x2: masks, fwd, fwd+bwd; 128x2: the same)
-    assert functional.query_chunks is default
+    assert kernels.query_chunks is default
 
 
 def test_translation_generation_as_fairseq_generate_batches_it(tmp_path):
