@@ -17,7 +17,7 @@ dropout 0.3, shared decoder embeddings) and measured on the SAME batches, altern
     1.1 x the source length): both models then decode exactly the same number of steps. All generation
     repetitions run before the first training step, in a process that has not trained yet, as
     fairseq-generate runs;
-(b') generation as the issue measured fairseq-generate: ``--gen-sentences`` (200) source sentences in the batches
+(b') generation as fairseq-generate runs it: ``--gen-sentences`` (200) source sentences in the batches
     fairseq-generate builds with ``--batch-size`` (``--gen-batch-size`` 50: its iterator, length-sorted, sizes a
     multiple of 8), every hypothesis forced to ``--forced-len`` (30) tokens, beam 5, tokens/s; and one sentence at a
     time (batch 1, ``--latency-sentences``: interactive latency, ms per token). ``--generation-only`` skips
@@ -230,13 +230,13 @@ def run(args, clock):
             return lambda rep, figures: fb.progress(what, rep, args.reps, figures)
 
         # Generation first, in a process that has not trained yet, as fairseq-generate runs; measured against
-        # the interleaved order in docs/performance.md ("Third round"), inside the noise.
+        # the interleaved order (CHANGELOG.md, 0.2.0), inside the noise.
         for arch in archs:  # warm-up
             generate(gen_batches[:1])(arch)
         for arch, values in timing.repeat(archs, args.reps, generate(gen_batches),
                                           report=report("generation")).items():
             results[arch]["generate"] = values
-        # as the issue measured fairseq-generate (--batch-size 50, every hypothesis forced to --forced-len tokens),
+        # as fairseq-generate runs it (--batch-size 50, every hypothesis forced to --forced-len tokens),
         # and one sentence at a time (interactive latency)
         forced_batches = {key: fairseq_generate_batches(task, bool(args.data), args.gen_subset, sentences, size)
                           for key, sentences, size in (("generate_forced", args.gen_sentences, args.gen_batch_size),
