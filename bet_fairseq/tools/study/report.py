@@ -19,7 +19,7 @@ from collections import Counter
 
 from bet_fairseq import catalog
 from bet_fairseq.files import atomic_write
-from . import machine, plan, stats, store
+from . import decomposition, machine, plan, stats, store
 
 # The paper's Table 1: converged 6-layer Transformers (MT: IWSLT14 De-En decoder; LM: WikiText-2).
 PAPER_TABLE1 = {
@@ -92,14 +92,14 @@ def verdict(diff, metric):
             f"what the seeds rule out: a gain above {gain:.2f} or a loss above {loss:.2f}")
 
 
-def t_test_words(diff, alpha=1 - stats.LEVEL):
+def t_test_words(diff, alpha=1 - stats.LEVEL, family="the systems compared"):
     """The paired t-test in words, saying when an effect resolved by its own seed interval does not hold once
-    corrected for the several systems compared with the Transformer (Holm)."""
+    corrected for its Holm ``family`` (by default the several systems compared with the Transformer)."""
     if diff.get("p") is None:
         return ""
     words = f"; paired t-test p = {_p(diff['p'])} (two-sided), Holm-adjusted {_p(diff.get('p_holm'))}"
     if stats.resolved(diff) and diff.get("p_holm") is not None and diff["p_holm"] >= alpha:
-        words += " (resolved by its own interval, not once corrected for the systems compared)"
+        words += f" (resolved by its own interval, not once corrected for {family})"
     return words
 
 
@@ -222,24 +222,36 @@ def summarise(records):
     return out
 
 
-def test_resampling(records, refs, resamples):
-    """Multi30k: per system, the test-resampling interval of its seed-averaged sacreBLEU difference to the
-    Transformer (the same resampled test sentences for every seed's pair)."""
-    out = {}
+def bleu_counts(records, refs):
+    """Translation: each run's sentence-level BLEU statistics against the raw references, by (dataset, system,
+    seed)."""
     if refs is None:
-        return out
+        return {}
     mt = [r for r in records if catalog.dataset(r["dataset"]).kind == "mt" and r.get("sacrebleu_raw") is not None
           and not is_selection_run(r["system"])]
-    counts = {(r["dataset"], r["system"], r["seed"]): stats.bleu_statistics(_lines(os.path.join(r["dir"], "hyp.detok.txt")),
-                                                                       refs, lowercase=True) for r in mt}
+    return {(r["dataset"], r["system"], r["seed"]): stats.bleu_statistics(
+        _lines(os.path.join(r["dir"], "hyp.detok.txt")), refs, lowercase=True) for r in mt}
+
+
+def resampled_difference(counts, dkey, system, against, resamples):
+    """The test-resampling interval of ``system - against``'s seed-averaged sacreBLEU difference over the seeds
+    both have (the same resampled test sentences for every seed's pair); None without such a seed."""
+    seeds = sorted(seed for d, s, seed in counts if (d, s) == (dkey, system) and (dkey, against, seed) in counts)
+    if not seeds:
+        return None
+    pairs = [(counts[(dkey, against, s)], counts[(dkey, system, s)]) for s in seeds]
+    return {**stats.seed_averaged_bootstrap(pairs, resamples=resamples, seed=2022), "seeds": seeds}
+
+
+def test_resampling(counts, resamples):
+    """Multi30k: per system, the test-resampling interval of its seed-averaged sacreBLEU difference to the
+    Transformer."""
+    out = {}
     for (dkey, system, _) in sorted({(d, s, 0) for d, s, _ in counts}, key=lambda k: system_order(k[1])):
-        if system == plan.BASELINE:
-            continue
-        seeds = sorted(seed for d, s, seed in counts if (d, s) == (dkey, system) and (dkey, plan.BASELINE, seed) in counts)
-        if seeds:
-            pairs = [(counts[(dkey, plan.BASELINE, s)], counts[(dkey, system, s)]) for s in seeds]
-            out.setdefault(dkey, {})[system] = {**stats.seed_averaged_bootstrap(pairs, resamples=resamples, seed=2022),
-                                                "seeds": seeds}
+        if system != plan.BASELINE:
+            r = resampled_difference(counts, dkey, system, plan.BASELINE, resamples)
+            if r is not None:
+                out.setdefault(dkey, {})[system] = r
     return out
 
 
@@ -296,6 +308,20 @@ def pointer_sweep(records, scale):
         out["chosen"] = {"pointer_lambda": best["pointer_lambda"], "pointer_heads": best["pointer_heads"]}
         out["matches_default"] = out["chosen"] == out["default"]
     return out
+
+
+def decomposition_contrasts(summary, counts, resamples):
+    """BET(SF) taken apart (``decomposition.py``) on each dataset's main metric, with each contrast in words."""
+    def resample(dkey, system, against):
+        if METRICS[catalog.dataset(dkey).kind][0] != "sacrebleu_raw":
+            return None
+        return resampled_difference(counts, dkey, system, against, resamples)
+
+    parts = decomposition.compute(summary, lambda d: METRICS[catalog.dataset(d).kind][0], resample)
+    for part in parts.values():
+        for c in part["contrasts"]:
+            c["verdict"] = verdict(c["diff"], part["metric"])
+    return parts
 
 
 def diag_sweep(summary, metric="sacrebleu_raw"):
@@ -588,6 +614,59 @@ def _comparisons(data):
     return L
 
 
+def _decomposition_md(parts, figures):
+    """The section on BET(SF) taken apart: per dataset, its four cells and its two contrasts."""
+    if not parts:
+        return []
+    L = ["## BET(SF) taken apart: the DiagFreeMask and the re-weighting", "",
+         "BET(SF) is two changes to the Transformer at once: the DiagFreeMask (the second pass never attends to the "
+         "query's own position) and the re-weighting of the attention by the first pass's R. The four cells below "
+         "are each combination; the two contrasts are paired by seed over the seeds both systems have: BET(SF) "
+         "against + DiagFreeMask is what the re-weighting adds to the mask, BET(SF) - DiagFreeMask against the "
+         f"Transformer is the re-weighting alone. Holm's correction is over {decomposition.FAMILY}.", ""]
+    for dkey, part in parts.items():
+        ds, metric = catalog.dataset(dkey), part["metric"]
+        where = "" if ds.paper_comparable else " (IWSLT14 De-En)"
+        L += [f"### {ds.label}: {METRIC_NAME[metric]}", "",
+              "| cell | DiagFreeMask | re-weighting by R | seeds | mean ± 95% CI | difference to Transformer (paired by "
+              "seed) ± 95% seed interval | paper | paper's difference to Transformer |", "|---|---|---|---|---|---|---|---|"]
+        for c in part["cells"]:
+            d = c.get("diff") or {}
+            diff = "(baseline)" if c["system"] == plan.BASELINE else (_ci(d, sign=True) if d else "-")
+            paper = _f(c["paper"]) + where if c.get("paper") is not None else "-"
+            pd = "-" if c["paper_diff"] is None else _f(c["paper_diff"], sign=True) + where
+            seeds = f"{len(c['values'])} ({', '.join(c['values'])})" if c["values"] else "0"
+            L.append(f"| {c['label']} | {'yes' if c['mask'] else 'no'} | {'yes' if c['reweighting'] else 'no'} | "
+                     f"{seeds} | {_ci(c['ci'])} | {diff} | {paper} | {pd} |")
+        L += ["", "| contrast | what it measures | seeds paired | difference ± 95% seed interval | test-resampling 95% "
+              "interval | p (t, two-sided) | p Holm (the two contrasts) | paper's difference |",
+              "|---|---|---|---|---|---|---|---|"]
+        words = []
+        for c in part["contrasts"]:
+            d, r = c["diff"], c.get("test_resampling")
+            name = f"{catalog.row(c['system']).label} - {catalog.row(c['against']).label}"
+            rs = f"[{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]" if r else ("-" if metric == "sacrebleu_raw" else "n/a")
+            pd = "-" if c["paper_diff"] is None else _f(c["paper_diff"], sign=True) + where
+            L.append(f"| {name} | {c['what']} | {', '.join(map(str, d['seeds'])) or '-'} | {_ci(d, sign=True)} | "
+                     f"{rs} | {_p(d.get('p'))} | {_p(d.get('p_holm'))} | {pd} |")
+            tests = t_test_words(d, family="the two contrasts")
+            if r:
+                tests += f"; test-resampling 95% interval [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]"
+            paper = ""
+            if c["paper_diff"] is not None and d.get("mean") is not None:
+                paper_way, ours = _direction(c["paper_diff"], metric), _direction(d["mean"], metric)
+                paper = (f"; the paper's{where} difference is {c['paper_diff']:+.2f} ({paper_way}), ours "
+                         + ("shows no change" if ours == "no change" else
+                            f"points {'the same way' if ours == paper_way else 'the other way'}"))
+            words.append(f"- {name} ({c['what']}): {_ci(d, sign=True)} {METRIC_NAME[metric]}{_seeds(d)}: "
+                         f"{c['verdict']}{tests}{paper}.")
+        L += [""] + words + [""]
+        name = f"decomposition_{dkey}.png"
+        if name in figures:
+            L += [f"![{ds.label}: BET(SF) taken apart]({name})", ""]
+    return L
+
+
 def markdown(data):
     scale, summary, records = data["scale"], data["summary"], data["runs"]
     sc = plan.SCALE_TABLE[scale]
@@ -642,6 +721,12 @@ def markdown(data):
     if "differences.png" in figures:
         L.append("- `differences.png`: each system minus the Transformer, paired by seed. It shows the size of each "
                  "difference against both intervals; it does not show absolute quality (the tables do).")
+    if any(f.startswith("decomposition_") for f in figures):
+        L.append("- `decomposition_*.png`: BET(SF)'s four cells (with and without the DiagFreeMask, with and without "
+                 "the re-weighting by R), each over its own seeds, and their differences paired by seed, the two "
+                 "contrasts last, with the paper's difference as a cross. It shows how BET(SF)'s effect at this scale "
+                 "splits between its two changes; the paper's crosses are at the paper's scale (on Multi30k, its "
+                 "IWSLT14 De-En numbers).")
     if "figure3_diag_scale.png" in figures:
         L.append("- `figure3_diag_scale.png` (the paper's Figure 3 at this scale): test sacreBLEU against the "
                  "diagonal scale c (left: each point's mean over its own seeds; right: each point minus the "
@@ -713,6 +798,7 @@ def markdown(data):
                               (f"curves_{dkey}.png", "token loss of every system")):
             if name in figures:
                 L += [f"![{ds.label}: {caption}]({name})", ""]
+    L += _decomposition_md(data.get("decomposition") or {}, figures)
     if "differences.png" in figures:
         L += ["## Differences to the Transformer", "", "![paired differences](differences.png)", ""]
     if "figure3_diag_scale.png" in figures:
@@ -781,13 +867,16 @@ def write(out, scale, records, work, command, prepare_s, invocation_s, missing, 
     records, refs = enrich(records, work)
     trained = [r for r in records if not store.is_copy(r)]  # a copy's time is its twin's
     summary = summarise(records)
+    counts = bleu_counts(records, refs)
     data = {
         "scale": scale, "command": command,
         "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(), "plateau_criterion": dict(plan.PLATEAU, text=plan.PLATEAU_TEXT),
-        "summary": summary, "test_resampling": test_resampling(records, refs, sc.bootstrap_resamples),
+        "summary": summary, "test_resampling": test_resampling(counts, sc.bootstrap_resamples),
         "significance": significance(records, refs, sc), "pointer_sweep": pointer_sweep(records, scale),
-        "diag_sweep": diag_sweep(summary), "table1": table1(records), "runs": records, "missing": missing,
+        "diag_sweep": diag_sweep(summary), "table1": table1(records),
+        "decomposition": decomposition_contrasts(summary, counts, sc.bootstrap_resamples),
+        "runs": records, "missing": missing,
         "time": {"runs_s": round(sum(store.run_seconds(r) for r in trained), 1),
                  "runs_cpu_s": round(sum(v or 0 for r in trained for v in (r.get("cpu_time_s") or {}).values()), 1),
                  "prepare_s": round(prepare_s, 1), "invocation_s": round(invocation_s, 1)},
@@ -801,6 +890,8 @@ def write(out, scale, records, work, command, prepare_s, invocation_s, missing, 
                                splits=("valid_nll",))
         figures += [plot_differences(summary, data["test_resampling"], out), plot_diag_sweep(data["diag_sweep"], out),
                     plot_pointer_sweep(data["pointer_sweep"], out)]
+        figures += [decomposition.plot(d, part, out, METRIC_NAME[part["metric"]], HIGHER_BETTER[part["metric"]])
+                    for d, part in data["decomposition"].items()]
         heatmap, data["heatmap"] = plot_heatmap(records, out)
         figures.append(heatmap)
         data["figures"] = [os.path.basename(p) for p in figures if p]
