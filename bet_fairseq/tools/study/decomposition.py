@@ -40,8 +40,10 @@ def compute(summary, metric_of, resample=None):
         for (mask, reweighting), row in plan.DECOMPOSITION.items():
             e = by_system.get(row, {})
             paper = _paper(row, ds)
+            resampled = None if row == plan.BASELINE or resample is None else resample(dkey, row, plan.BASELINE)
             cells.append({"mask": mask, "reweighting": reweighting, "system": row, "label": catalog.row(row).label,
                           "values": e.get("values", {}), "ci": e.get("ci", stats.mean_ci([])), "diff": e.get("diff"),
+                          "test_resampling": resampled,
                           "paper": paper, "paper_diff": None if row == plan.BASELINE or paper is None
                           or base_paper is None else round(paper - base_paper, 2)})
         contrasts = []
@@ -68,47 +70,54 @@ def plot(dkey, part, out, metric_name, higher_better):
     test-resampling intervals (thin) and the paper's difference (x). None when no cell has a value."""
     from ..figures import pyplot, save_png
 
-    cells = [c for c in part["cells"] if c["ci"].get("mean") is not None]
-    if not cells:
+    cells = part["cells"]
+    if not any(c["ci"].get("mean") is not None for c in cells):
         return None
     plt = pyplot()
-    fig, (ax, dax) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 1.3]})
+    fig, (ax, dax) = plt.subplots(1, 2, figsize=(11.5, 4.4), gridspec_kw={"width_ratios": [1.1, 1.3]})
     colours = {(False, False): "#444444", (True, False): "#1f77b4", (False, True): "#ff7f0e", (True, True): "#d62728"}
     for x, c in enumerate(cells):
         colour = colours[(c["mask"], c["reweighting"])]
+        if c["ci"].get("mean") is None:
+            ax.annotate("no runs yet", (x, 0.5), xycoords=("data", "axes fraction"), ha="center", fontsize=7,
+                        color=colour)
+            continue
         ax.errorbar([x], [c["ci"]["mean"]], yerr=[c["ci"]["half_width"] or 0.0], fmt="o", color=colour, capsize=5,
                     linewidth=2)
         values = list(c["values"].values())
         ax.plot([x + 0.15] * len(values), values, ".", color=colour, alpha=0.5, markersize=4)
         ax.annotate(f"n={len(values)}", (x, c["ci"]["mean"]), textcoords="offset points", xytext=(8, -12), fontsize=7)
     ax.set_xticks(range(len(cells)))
-    ax.set_xticklabels([f"{c['label']}\nmask {'yes' if c['mask'] else 'no'}, re-weighting "
-                        f"{'yes' if c['reweighting'] else 'no'}" for c in cells], fontsize=6.5)
+    ax.set_xticklabels([c["label"].replace(" + ", "\n+ ").replace(" - ", "\n- ")
+                        + f"\nmask {'yes' if c['mask'] else 'no'}\nre-weighting {'yes' if c['reweighting'] else 'no'}"
+                        for c in cells], fontsize=6.5)
     ax.set_xlim(-0.5, len(cells) - 0.3)
     ax.set_ylabel(f"{metric_name} (test), mean ± 95% seed interval")
     ax.set_title("the four cells, each over its own seeds (dots)", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    rows = [(f"{c['label']} - Transformer", c["diff"], None, c["paper_diff"], colours[(c["mask"], c["reweighting"])])
-            for c in cells if c["system"] != plan.BASELINE and c.get("diff")]
-    rows += [(f"{catalog.row(c['system']).label} - {catalog.row(c['against']).label}\n({c['what']})", c["diff"],
+    rows = [(f"{c['label']} vs Transformer", c.get("diff") or {}, c.get("test_resampling"), c["paper_diff"],
+             colours[(c["mask"], c["reweighting"])]) for c in cells if c["system"] != plan.BASELINE]
+    rows += [(f"{catalog.row(c['system']).label} vs {catalog.row(c['against']).label}\n({c['what']})", c["diff"],
               c.get("test_resampling"), c["paper_diff"], "#000000") for c in part["contrasts"]]
     for y, (label, diff, resampled, paper, colour) in enumerate(rows):
+        if paper is not None:
+            dax.plot([paper], [y], "x", color=colour, markersize=7)
         if diff.get("mean") is None:
+            dax.annotate("no seed in common yet", (0, y), textcoords="offset points", xytext=(6, 3), fontsize=7,
+                         color=colour)
             continue
         dax.errorbar([diff["mean"]], [y], xerr=[diff["half_width"] or 0.0], fmt="o", color=colour, capsize=4,
                      linewidth=2.2)
         dax.annotate(f"n={diff['n']}", (diff["mean"], y), textcoords="offset points", xytext=(6, 5), fontsize=7)
         if resampled:
             dax.plot(resampled["ci"], [y + 0.22] * 2, color=colour, linewidth=1)
-        if paper is not None:
-            dax.plot([paper], [y], "x", color=colour, markersize=7)
     dax.axvline(0, color="black", linewidth=0.8)
     dax.axhline(len(rows) - len(part["contrasts"]) - 0.5, color="#999999", linewidth=0.6, linestyle=":")
     dax.set_yticks(range(len(rows)))
     dax.set_yticklabels([r[0] for r in rows], fontsize=6.5)
     dax.invert_yaxis()
     dax.set_xlabel(f"difference, paired by seed ({'higher' if higher_better else 'lower'} is better)")
-    dax.set_title("paired differences: 95% seed interval (thick), test-resampling (thin), paper's (x)",
+    dax.set_title("paired differences: 95% seed interval (thick), test-resampling (thin, below), paper's (x)",
                   fontsize=8)
     dax.grid(axis="x", alpha=0.3)
     fig.suptitle(f"{catalog.dataset(dkey).label}: BET(SF) = Transformer + DiagFreeMask + re-weighting by R",

@@ -644,7 +644,7 @@ def _decomposition_md(parts, figures):
         words = []
         for c in part["contrasts"]:
             d, r = c["diff"], c.get("test_resampling")
-            name = f"{catalog.row(c['system']).label} - {catalog.row(c['against']).label}"
+            name = f"{catalog.row(c['system']).label} vs {catalog.row(c['against']).label}"
             rs = f"[{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]" if r else ("-" if metric == "sacrebleu_raw" else "n/a")
             pd = "-" if c["paper_diff"] is None else _f(c["paper_diff"], sign=True) + where
             L.append(f"| {name} | {c['what']} | {', '.join(map(str, d['seeds'])) or '-'} | {_ci(d, sign=True)} | "
@@ -658,6 +658,9 @@ def _decomposition_md(parts, figures):
                 paper = (f"; the paper's{where} difference is {c['paper_diff']:+.2f} ({paper_way}), ours "
                          + ("shows no change" if ours == "no change" else
                             f"points {'the same way' if ours == paper_way else 'the other way'}"))
+            if d.get("mean") is None:
+                words.append(f"- {name} ({c['what']}): no seed in common yet.")
+                continue
             words.append(f"- {name} ({c['what']}): {_ci(d, sign=True)} {METRIC_NAME[metric]}{_seeds(d)}: "
                          f"{c['verdict']}{tests}{paper}.")
         L += [""] + words + [""]
