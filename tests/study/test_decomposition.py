@@ -9,7 +9,7 @@ import random
 import pytest
 
 from bet_fairseq import catalog
-from bet_fairseq.tools.study import decomposition, plan, report, stats
+from bet_fairseq.tools.study import decomposition, plan, report, stats, words
 
 np = pytest.importorskip("numpy")
 scipy_stats = pytest.importorskip("scipy.stats")
@@ -112,10 +112,10 @@ def test_the_cells_are_the_summarys_and_the_papers_differences_its_table_2(study
         for c in parts[dataset]["contrasts"]:
             assert c["paper_diff"] == pytest.approx(paper[c["system"]] - paper[c["against"]], abs=0.005)
     # Multi30k is not in the paper: its differences are IWSLT14 De-En's, and say so
-    lines = "\n".join(report._decomposition_md(parts, set()))
+    lines = "\n".join(decomposition.markdown(parts, set()))
     assert "### Multi30k De-En: sacreBLEU" in lines and "(IWSLT14 De-En)" in lines
     c = parts["wikitext2"]["contrasts"][0]
-    assert f"| {report._ci(c['diff'], sign=True)} | n/a | {report._p(c['diff']['p'])} |" in lines
+    assert f"| {words.interval(c['diff'], sign=True)} | n/a | {words.p_value(c['diff']['p'])} |" in lines
 
 
 def test_the_figure_is_written_per_corpus(study, tmp_path):

@@ -19,7 +19,8 @@ from bet_fairseq.tools.results.curves import parse_log
 from bet_fairseq.tools.study.cli import main
 
 FIGURES = ("curves_multi30k.png", "curves_wikitext2.png", "figure45_multi30k.png", "figure45_wikitext2.png",
-           "differences.png", "figure3_diag_scale.png", "pointer_sweep.png", "attention_heatmap.png")
+           "differences.png", "figure3_diag_scale.png", "pointer_sweep.png", "attention_heatmap.png",
+           "decomposition_multi30k.png", "decomposition_wikitext2.png")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,12 @@ def test_smoke_study_writes_the_report(study):
     copies = {(r["dataset"], r["system"], r["seed"]): r.get("copied_from") for r in data["runs"] if r.get("copied_from")}
     assert copies == {("multi30k", "bet_sg", 1): f"multi30k/{default}/seed1"}
     assert [p["scale"] for p in data["diag_sweep"]["points"]] == list(plan.DIAG_SCALES)
+    for d in plan.DATASETS:  # BET(SF) taken apart: both contrasts over both seeds; sacreBLEU's resampling
+        contrasts = data["decomposition"][d]["contrasts"]
+        assert [(c["system"], c["against"]) for c in contrasts] == list(plan.DECOMPOSITION_CONTRASTS)
+        assert all(c["diff"]["seeds"] == [1, 2] and c["diff"]["p_holm"] >= c["diff"]["p"] for c in contrasts)
+        assert all((c["test_resampling"] or {}).get("seeds") == ([1, 2] if d == "multi30k" else None)
+                   for c in contrasts)
     for d in plan.DATASETS:
         assert set(data["table1"][d]) == set(plan.ANALYSED)
         assert len(data["table1"][d]["bet_sf"]["matrices"]["first_pass"]) == 2  # two decoder layers
@@ -81,7 +88,7 @@ def test_smoke_study_writes_the_report(study):
     for text in ("smoke test", "not resolved", "Multi30k is not in the paper", "| BET(SG) | 2 (1, 2) |",
                  "approximate randomisation", "test-resampling", "Holm", "Plateau criterion", "paper's Transformer",
                  "commit:", "torch 2.", "where they depart from the paper", "trained on sentences (control)",
-                 "chosen on Multi30k validation nll"):
+                 "chosen on Multi30k validation nll", "what the re-weighting adds to the mask"):
         assert text in report, text
     for name in FIGURES:
         assert f"({name})" in report, name
@@ -119,7 +126,7 @@ def test_report_only_on_a_partly_finished_study(study, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(root / "work", work, ignore=shutil.ignore_patterns("*.pt"))
     (work / "runs" / "multi30k" / "vanilla" / "seed1" / "attention.json").unlink()  # the heatmap's, kept by the run
-    for run in plan.plan("smoke", parts=["lm"]) + plan.plan("smoke", parts=["pointer"])[:2]:
+    for run in plan.plan("smoke", parts=["lm", "decomp_lm"]) + plan.plan("smoke", parts=["pointer"])[:2]:
         shutil.rmtree(work / "runs" / run.dataset / run.system / f"seed{run.seed}", ignore_errors=True)
     out = tmp_path / "out"
     assert main(["--scale", "smoke", "--work-dir", str(work), "--out", str(out), "--report-only"]) == 0

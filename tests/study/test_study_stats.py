@@ -225,7 +225,7 @@ def test_paper_scale_prints_gpu_hours_and_does_not_run(tmp_path, capsys):
 
 
 def test_verdict_says_what_an_unresolved_interval_rules_out():
-    from bet_fairseq.tools.study.report import verdict
+    from bet_fairseq.tools.study.words import verdict
     # mean -0.04, half-width 0.53: the interval [-0.57, +0.49]; for BLEU (higher is better) a gain above 0.49
     # or a loss above 0.57 is ruled out
     words = verdict({"mean": -0.04, "half_width": 0.53}, "sacrebleu_raw")
@@ -240,7 +240,7 @@ def test_verdict_says_what_an_unresolved_interval_rules_out():
 
 
 def test_t_test_words_say_when_holm_undoes_a_resolved_interval():
-    from bet_fairseq.tools.study.report import t_test_words
+    from bet_fairseq.tools.study.words import t_test_words
     # WikiText-2's DiagFreeMask: -1.69 +- 1.63 excludes 0, t p 0.046, Holm (4 systems, 2nd smallest p) 0.093
     words = t_test_words({"mean": -1.69, "half_width": 1.63, "p": 0.046, "p_holm": 0.093})
     assert "p = 0.046" in words and "Holm-adjusted 0.093" in words and "not once corrected" in words

@@ -12,6 +12,7 @@ import os
 
 from bet_fairseq import catalog
 from . import plan, stats
+from .words import METRIC_NAME, direction, interval, number, p_value, seeds_note, t_test_words, verdict
 
 CONTRAST_TEXT = {
     ("bet_sf", "diagfree"): "what the re-weighting adds to the mask",
@@ -57,11 +58,69 @@ def compute(summary, metric_of, resample=None):
                 "test_resampling": resample(dkey, system, against) if resample is not None else None,
                 "paper_diff": None if a is None or b is None else round(a - b, 2), "paper_dataset": ds.paper,
                 "paper_comparable": ds.paper_comparable})
+            contrasts[-1]["verdict"] = verdict(contrasts[-1]["diff"], metric)
         family = {k: c["diff"]["p"] for k, c in enumerate(contrasts) if c["diff"].get("p") is not None}
         for k, p in stats.holm(family).items():
             contrasts[k]["diff"]["p_holm"] = p
         out[dkey] = {"metric": metric, "cells": cells, "contrasts": contrasts, "holm_family": FAMILY}
     return out
+
+
+def markdown(parts, figures):
+    """The report's section on BET(SF) taken apart: per dataset, its four cells and its two contrasts; ``figures``:
+    the names of the figures written."""
+    if not parts:
+        return []
+    L = ["## BET(SF) taken apart: the DiagFreeMask and the re-weighting", "",
+         "BET(SF) is two changes to the Transformer at once: the DiagFreeMask (the second pass never attends to the "
+         "query's own position) and the re-weighting of the attention by the first pass's R. The four cells below "
+         "are each combination; the two contrasts are paired by seed over the seeds both systems have: BET(SF) "
+         "against + DiagFreeMask is what the re-weighting adds to the mask, BET(SF) - DiagFreeMask against the "
+         f"Transformer is the re-weighting alone. Holm's correction is over {FAMILY}.", ""]
+    for dkey, part in parts.items():
+        ds, metric = catalog.dataset(dkey), part["metric"]
+        where = "" if ds.paper_comparable else " (IWSLT14 De-En)"
+        L += [f"### {ds.label}: {METRIC_NAME[metric]}", "",
+              "| cell | DiagFreeMask | re-weighting by R | seeds | mean ± 95% CI | difference to Transformer (paired by "
+              "seed) ± 95% seed interval | paper | paper's difference to Transformer |", "|---|---|---|---|---|---|---|---|"]
+        for c in part["cells"]:
+            d = c.get("diff") or {}
+            diff = "(baseline)" if c["system"] == plan.BASELINE else (interval(d, sign=True) if d else "-")
+            paper = number(c["paper"]) + where if c.get("paper") is not None else "-"
+            pd = "-" if c["paper_diff"] is None else number(c["paper_diff"], sign=True) + where
+            seeds = f"{len(c['values'])} ({', '.join(c['values'])})" if c["values"] else "0"
+            L.append(f"| {c['label']} | {'yes' if c['mask'] else 'no'} | {'yes' if c['reweighting'] else 'no'} | "
+                     f"{seeds} | {interval(c['ci'])} | {diff} | {paper} | {pd} |")
+        L += ["", "| contrast | what it measures | seeds paired | difference ± 95% seed interval | test-resampling 95% "
+              "interval | p (t, two-sided) | p Holm (the two contrasts) | paper's difference |",
+              "|---|---|---|---|---|---|---|---|"]
+        words = []
+        for c in part["contrasts"]:
+            d, r = c["diff"], c.get("test_resampling")
+            name = f"{catalog.row(c['system']).label} vs {catalog.row(c['against']).label}"
+            rs = f"[{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]" if r else ("-" if metric == "sacrebleu_raw" else "n/a")
+            pd = "-" if c["paper_diff"] is None else number(c["paper_diff"], sign=True) + where
+            L.append(f"| {name} | {c['what']} | {', '.join(map(str, d['seeds'])) or '-'} | {interval(d, sign=True)} | "
+                     f"{rs} | {p_value(d.get('p'))} | {p_value(d.get('p_holm'))} | {pd} |")
+            tests = t_test_words(d, family="the two contrasts")
+            if r:
+                tests += f"; test-resampling 95% interval [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]"
+            paper = ""
+            if c["paper_diff"] is not None and d.get("mean") is not None:
+                paper_way, ours = direction(c["paper_diff"], metric), direction(d["mean"], metric)
+                paper = (f"; the paper's{where} difference is {c['paper_diff']:+.2f} ({paper_way}), ours "
+                         + ("shows no change" if ours == "no change" else
+                            f"points {'the same way' if ours == paper_way else 'the other way'}"))
+            if d.get("mean") is None:
+                words.append(f"- {name} ({c['what']}): no seed in common yet.")
+                continue
+            words.append(f"- {name} ({c['what']}): {interval(d, sign=True)} {METRIC_NAME[metric]}{seeds_note(d)}: "
+                         f"{c['verdict']}{tests}{paper}.")
+        L += [""] + words + [""]
+        name = f"decomposition_{dkey}.png"
+        if name in figures:
+            L += [f"![{ds.label}: BET(SF) taken apart]({name})", ""]
+    return L
 
 
 def plot(dkey, part, out, metric_name, higher_better):

@@ -20,6 +20,8 @@ from collections import Counter
 from bet_fairseq import catalog
 from bet_fairseq.files import atomic_write
 from . import decomposition, machine, plan, stats, store
+from .words import (HIGHER_BETTER, METRIC_NAME, direction, interval, number, p_value, seeds_note, t_test_words,
+                    verdict)
 
 # The paper's Table 1: converged 6-layer Transformers (MT: IWSLT14 De-En decoder; LM: WikiText-2).
 PAPER_TABLE1 = {
@@ -39,68 +41,9 @@ METRIC_TEXT = {
             "references), higher is better",
     "ppl": "test perplexity (fairseq-eval-lm, blocks of 512 tokens), lower is better",
 }
-METRIC_NAME = {"sacrebleu_raw": "sacreBLEU", "bleu": "BLEU", "ppl": "perplexity"}
-HIGHER_BETTER = {"sacrebleu_raw": True, "bleu": True, "ppl": False}
 COLOURS = {"vanilla": "#444444", "diagfree": "#1f77b4", "bet_sf": "#d62728", "bet_sg": "#2ca02c",
            "vanilla+sentences": "#9467bd"}
 FIGURE45 = ("vanilla", "diagfree", "bet_sf")  # the paper's Figures 4 and 5: validation curves of these
-
-
-def _f(x, digits=2, sign=False):
-    if x is None:
-        return "-"
-    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
-
-def _p(p):
-    if p is None:
-        return "-"
-    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
-
-
-def _ci(c, digits=2, sign=False):
-    if c.get("mean") is None:
-        return "-"
-    if c.get("half_width") is None:
-        return f"{_f(c['mean'], digits, sign)} (1 seed)"
-    return f"{_f(c['mean'], digits, sign)} ± {c['half_width']:.{digits}f}"
-
-
-def _seeds(diff):
-    """How many seeds a difference is over, where its interval has not said it ("(1 seed)")."""
-    return f" ({len(diff['seeds'])} seeds)" if diff.get("half_width") is not None else ""
-
-
-def _direction(delta, metric):
-    if delta is None or delta == 0:
-        return "no change"
-    return "better" if (delta > 0) == HIGHER_BETTER[metric] else "worse"
-
-
-def verdict(diff, metric):
-    """A paired difference in words: resolved or not, and which way its mean points."""
-    if diff.get("mean") is None:
-        return "no paired seeds"
-    way = _direction(diff["mean"], metric)
-    if diff.get("half_width") is None:
-        return f"{way} on one seed (no interval)"
-    lo, hi = diff["mean"] - diff["half_width"], diff["mean"] + diff["half_width"]
-    if stats.resolved(diff):
-        return f"{way}, resolved (95% seed interval [{lo:+.2f}, {hi:+.2f}] excludes 0)"
-    gain, loss = (hi, -lo) if HIGHER_BETTER[metric] else (-lo, hi)
-    return (f"not resolved (95% seed interval [{lo:+.2f}, {hi:+.2f}] includes 0; the mean points to {way}); "
-            f"what the seeds rule out: a gain above {gain:.2f} or a loss above {loss:.2f}")
-
-
-def t_test_words(diff, alpha=1 - stats.LEVEL, family="the systems compared"):
-    """The paired t-test in words, saying when an effect resolved by its own seed interval does not hold once
-    corrected for its Holm ``family`` (by default the several systems compared with the Transformer)."""
-    if diff.get("p") is None:
-        return ""
-    words = f"; paired t-test p = {_p(diff['p'])} (two-sided), Holm-adjusted {_p(diff.get('p_holm'))}"
-    if stats.resolved(diff) and diff.get("p_holm") is not None and diff["p_holm"] >= alpha:
-        words += f" (resolved by its own interval, not once corrected for {family})"
-    return words
 
 
 def run_of(record):
@@ -311,17 +254,13 @@ def pointer_sweep(records, scale):
 
 
 def decomposition_contrasts(summary, counts, resamples):
-    """BET(SF) taken apart (``decomposition.py``) on each dataset's main metric, with each contrast in words."""
+    """BET(SF) taken apart (``decomposition.py``) on each dataset's main metric."""
     def resample(dkey, system, against):
         if METRICS[catalog.dataset(dkey).kind][0] != "sacrebleu_raw":
             return None
         return resampled_difference(counts, dkey, system, against, resamples)
 
-    parts = decomposition.compute(summary, lambda d: METRICS[catalog.dataset(d).kind][0], resample)
-    for part in parts.values():
-        for c in part["contrasts"]:
-            c["verdict"] = verdict(c["diff"], part["metric"])
-    return parts
+    return decomposition.compute(summary, lambda d: METRICS[catalog.dataset(d).kind][0], resample)
 
 
 def diag_sweep(summary, metric="sacrebleu_raw"):
@@ -357,7 +296,7 @@ def diag_sweep_words(points):
     if not paired:
         return "No point has a seed in common with the Transformer yet."
     seeds = ", ".join(f"c = {p['scale']:g}: {p['ci']['n']}" for p in points)
-    diffs = ", ".join(f"c = {p['scale']:g} {_ci(p['diff'], sign=True)}" for p in paired)
+    diffs = ", ".join(f"c = {p['scale']:g} {interval(p['diff'], sign=True)}" for p in paired)
     resolved = [f"c = {p['scale']:g}" for p in paired if stats.resolved(p["diff"])]
     verdict = (f"resolved (interval excluding 0): {', '.join(resolved)}." if resolved else
                "none is resolved: these seeds do not tell the scales from the Transformer.")
@@ -571,11 +510,11 @@ def _table1_md(t1, kind):
             name = catalog.row(row).label + (" (first pass A)" if matrix == "first_pass" else
                                              " (A')" if row == "bet_sf" else "")
             for stat in ("CA", "HA_mean", "Ratio"):
-                cells = [_f(layer[stat], 4 if stat != "Ratio" else 2) if layer else "-" for layer in layers]
+                cells = [number(layer[stat], 4 if stat != "Ratio" else 2) if layer else "-" for layer in layers]
                 lines.append(f"| {name} | {stat.replace('_mean', '(mean)')} | " + " | ".join(
                     cells + ["-"] * (n - len(cells))) + " |")
     for stat in ("CA", "HA_mean", "Ratio"):
-        cells = [_f(v, 4 if stat != "Ratio" else 2) for v in paper[stat]]
+        cells = [number(v, 4 if stat != "Ratio" else 2) for v in paper[stat]]
         lines.append(f"| paper's Transformer (6 layers, converged) | {stat.replace('_mean', '(mean)')} | "
                      + " | ".join(cells + ["-"] * (n - len(cells))) + " |")
     return lines
@@ -593,7 +532,7 @@ def _comparisons(data):
             agree = ""
             pd = entry.get("paper_diff")
             if pd is not None and d.get("mean") is not None:
-                paper_way, ours = _direction(pd, main), _direction(d["mean"], main)
+                paper_way, ours = direction(pd, main), direction(d["mean"], main)
                 state = "resolved" if stats.resolved(d) else "not resolved"
                 agree = (f"; the paper's {'IWSLT14 ' if not ds.paper_comparable else ''}difference ({pd:+.2f} "
                          f"{'BLEU' if ds.kind == 'mt' else METRIC_NAME[main]}) is {paper_way}, ours "
@@ -603,70 +542,14 @@ def _comparisons(data):
             r = data["test_resampling"].get(dkey, {}).get(system)
             if r is not None and main == "sacrebleu_raw":
                 tests += f"; test-resampling 95% interval [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]"
-            L.append(f"- {ds.label}, {entry['label']} vs Transformer: {_ci(d, sign=True)} {METRIC_NAME[main]}"
-                     f"{_seeds(d)}: {entry['verdict']}{tests}{agree}.")
+            L.append(f"- {ds.label}, {entry['label']} vs Transformer: {interval(d, sign=True)} {METRIC_NAME[main]}"
+                     f"{seeds_note(d)}: {entry['verdict']}{tests}{agree}.")
             c = entry.get("vs_control")
             if c:
                 L.append(f"- {ds.label}, {entry['label']} vs {label_of(c['control'])} (like for like: both trained on "
-                         f"sentences, evaluated on blocks): {_ci(c['diff'], sign=True)} {METRIC_NAME[main]}"
-                         f"{_seeds(c['diff'])}: {c['verdict']}; paired t-test p = {_p(c['diff'].get('p'))} "
+                         f"sentences, evaluated on blocks): {interval(c['diff'], sign=True)} {METRIC_NAME[main]}"
+                         f"{seeds_note(c['diff'])}: {c['verdict']}; paired t-test p = {p_value(c['diff'].get('p'))} "
                          "(two-sided, not in the Holm family).")
-    return L
-
-
-def _decomposition_md(parts, figures):
-    """The section on BET(SF) taken apart: per dataset, its four cells and its two contrasts."""
-    if not parts:
-        return []
-    L = ["## BET(SF) taken apart: the DiagFreeMask and the re-weighting", "",
-         "BET(SF) is two changes to the Transformer at once: the DiagFreeMask (the second pass never attends to the "
-         "query's own position) and the re-weighting of the attention by the first pass's R. The four cells below "
-         "are each combination; the two contrasts are paired by seed over the seeds both systems have: BET(SF) "
-         "against + DiagFreeMask is what the re-weighting adds to the mask, BET(SF) - DiagFreeMask against the "
-         f"Transformer is the re-weighting alone. Holm's correction is over {decomposition.FAMILY}.", ""]
-    for dkey, part in parts.items():
-        ds, metric = catalog.dataset(dkey), part["metric"]
-        where = "" if ds.paper_comparable else " (IWSLT14 De-En)"
-        L += [f"### {ds.label}: {METRIC_NAME[metric]}", "",
-              "| cell | DiagFreeMask | re-weighting by R | seeds | mean ± 95% CI | difference to Transformer (paired by "
-              "seed) ± 95% seed interval | paper | paper's difference to Transformer |", "|---|---|---|---|---|---|---|---|"]
-        for c in part["cells"]:
-            d = c.get("diff") or {}
-            diff = "(baseline)" if c["system"] == plan.BASELINE else (_ci(d, sign=True) if d else "-")
-            paper = _f(c["paper"]) + where if c.get("paper") is not None else "-"
-            pd = "-" if c["paper_diff"] is None else _f(c["paper_diff"], sign=True) + where
-            seeds = f"{len(c['values'])} ({', '.join(c['values'])})" if c["values"] else "0"
-            L.append(f"| {c['label']} | {'yes' if c['mask'] else 'no'} | {'yes' if c['reweighting'] else 'no'} | "
-                     f"{seeds} | {_ci(c['ci'])} | {diff} | {paper} | {pd} |")
-        L += ["", "| contrast | what it measures | seeds paired | difference ± 95% seed interval | test-resampling 95% "
-              "interval | p (t, two-sided) | p Holm (the two contrasts) | paper's difference |",
-              "|---|---|---|---|---|---|---|---|"]
-        words = []
-        for c in part["contrasts"]:
-            d, r = c["diff"], c.get("test_resampling")
-            name = f"{catalog.row(c['system']).label} vs {catalog.row(c['against']).label}"
-            rs = f"[{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]" if r else ("-" if metric == "sacrebleu_raw" else "n/a")
-            pd = "-" if c["paper_diff"] is None else _f(c["paper_diff"], sign=True) + where
-            L.append(f"| {name} | {c['what']} | {', '.join(map(str, d['seeds'])) or '-'} | {_ci(d, sign=True)} | "
-                     f"{rs} | {_p(d.get('p'))} | {_p(d.get('p_holm'))} | {pd} |")
-            tests = t_test_words(d, family="the two contrasts")
-            if r:
-                tests += f"; test-resampling 95% interval [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]"
-            paper = ""
-            if c["paper_diff"] is not None and d.get("mean") is not None:
-                paper_way, ours = _direction(c["paper_diff"], metric), _direction(d["mean"], metric)
-                paper = (f"; the paper's{where} difference is {c['paper_diff']:+.2f} ({paper_way}), ours "
-                         + ("shows no change" if ours == "no change" else
-                            f"points {'the same way' if ours == paper_way else 'the other way'}"))
-            if d.get("mean") is None:
-                words.append(f"- {name} ({c['what']}): no seed in common yet.")
-                continue
-            words.append(f"- {name} ({c['what']}): {_ci(d, sign=True)} {METRIC_NAME[metric]}{_seeds(d)}: "
-                         f"{c['verdict']}{tests}{paper}.")
-        L += [""] + words + [""]
-        name = f"decomposition_{dkey}.png"
-        if name in figures:
-            L += [f"![{ds.label}: BET(SF) taken apart]({name})", ""]
     return L
 
 
@@ -767,15 +650,15 @@ def markdown(data):
             for system, e in by_system.items():
                 d = e.get("diff", {})
                 diff = "(baseline)" if system == plan.BASELINE else (
-                    _ci(d, sign=True) + (" (not resolved)" if stats.resolved(d) is False else "") if d else "-")
+                    interval(d, sign=True) + (" (not resolved)" if stats.resolved(d) is False else "") if d else "-")
                 r = data["test_resampling"].get(dkey, {}).get(system) if metric == "sacrebleu_raw" else None
                 rs = f"[{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]" if r else "-"
-                paper = _f(e["paper"]) if e.get("paper") is not None else ("n/a" if not ds.paper_comparable else "-")
+                paper = number(e["paper"]) if e.get("paper") is not None else ("n/a" if not ds.paper_comparable else "-")
                 pd = "-" if system == plan.BASELINE else (
-                    _f(e["paper_diff"], sign=True) + ("" if ds.paper_comparable else " (IWSLT14 De-En)")
+                    number(e["paper_diff"], sign=True) + ("" if ds.paper_comparable else " (IWSLT14 De-En)")
                     if e.get("paper_diff") is not None else "-")
-                L.append(f"| {e['label']} | {len(e['values'])} ({', '.join(e['values'])}) | {_ci(e['ci'])} | {diff} | "
-                         f"{_p(d.get('p'))} | {_p(d.get('p_holm'))} | {rs} | {paper} | {pd} |")
+                L.append(f"| {e['label']} | {len(e['values'])} ({', '.join(e['values'])}) | {interval(e['ci'])} | {diff} | "
+                         f"{p_value(d.get('p'))} | {p_value(d.get('p_holm'))} | {rs} | {paper} | {pd} |")
             L.append("")
         sig = data["significance"]
         pairs = [p for p in sig.get("pairs", []) if p["dataset"] == dkey]
@@ -790,7 +673,7 @@ def markdown(data):
                   "randomisation) |", "|---|---|---|---|---|---|---|"]
             for p in pairs:
                 L.append(f"| {label_of(p['system'])} | {p['seed']} | {p['baseline']:.2f} | {p['score']:.2f} | "
-                         f"{p['delta']:+.2f} | {_p(p['bs_p'])} | {_p(p['ar_p'])} |")
+                         f"{p['delta']:+.2f} | {p_value(p['bs_p'])} | {p_value(p['ar_p'])} |")
             L.append("")
         if dkey in data.get("table1", {}):
             t1 = data["table1"][dkey]
@@ -801,7 +684,7 @@ def markdown(data):
                               (f"curves_{dkey}.png", "token loss of every system")):
             if name in figures:
                 L += [f"![{ds.label}: {caption}]({name})", ""]
-    L += _decomposition_md(data.get("decomposition") or {}, figures)
+    L += decomposition.markdown(data.get("decomposition") or {}, figures)
     if "differences.png" in figures:
         L += ["## Differences to the Transformer", "", "![paired differences](differences.png)", ""]
     if "figure3_diag_scale.png" in figures:
@@ -809,11 +692,11 @@ def markdown(data):
     if sweep:
         L += ["## BET(SG): lambda_p and --pointer-heads, chosen on validation", "",
               f"Best validation nll (bits, without lambda_p L_p) over the seeds {', '.join(map(str, sweep['seeds']))}; "
-              f"Transformer: {_ci(sweep['transformer'], 3)}.", "",
+              f"Transformer: {interval(sweep['transformer'], 3)}.", "",
               "| lambda_p | --pointer-heads | seeds | best validation nll ± 95% CI |", "|---|---|---|---|"]
         for p in sweep["points"]:
             chosen = sweep.get("chosen") == {"pointer_lambda": p["pointer_lambda"], "pointer_heads": p["pointer_heads"]}
-            L.append(f"| {p['pointer_lambda']:g} | {p['pointer_heads']} | {len(p['values'])} | {_ci(p['ci'], 3)}"
+            L.append(f"| {p['pointer_lambda']:g} | {p['pointer_heads']} | {len(p['values'])} | {interval(p['ci'], 3)}"
                      f"{' (chosen)' if chosen else ''} |")
         L.append("")
         if "pointer_sweep.png" in figures:
@@ -835,8 +718,8 @@ def markdown(data):
         cpu = r.get("cpu_time_s") or {}
         copy = f" (a copy of {r[store.COPIED_FROM]}: the same commands)" if store.is_copy(r) else ""
         L.append(f"| {r['dataset']} | {label_of(r['system'])}{copy} | {r['seed']} | {r.get('num_updates')} | "
-                 f"{_f(r['value'])} | {cut} | {drop} | {'yes' if pl and pl['met'] else 'no' if pl else '-'} | "
-                 f"{_f(cpu.get('train'), 0)} | {_f(cpu.get('eval'), 0)} | {_f(store.run_seconds(r), 0)} | "
+                 f"{number(r['value'])} | {cut} | {drop} | {'yes' if pl and pl['met'] else 'no' if pl else '-'} | "
+                 f"{number(cpu.get('train'), 0)} | {number(cpu.get('eval'), 0)} | {number(store.run_seconds(r), 0)} | "
                  f"{'yes' if r.get('resumed') else 'no'} |")
     codes = sorted({r.get("code") or "unknown" for r in records})
     L += ["", "Commands: `results.json` holds each run's fairseq-train and evaluation command lines. Runs made by "
