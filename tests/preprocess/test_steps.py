@@ -4,7 +4,7 @@ import hashlib
 import json
 import os
 
-from bet_fairseq.preprocess.common import Steps
+from bet_fairseq.tools.markers import Steps
 
 
 def run_copy(steps, src, dst, calls):
