@@ -1,10 +1,11 @@
-"""The study's numbers in words and figures of text: values, p-values, intervals, which way a difference points and
-whether its seed interval resolves it. Shared by the report and its sections."""
+"""The study's numbers in words: values, p-values, intervals, which way a difference points and whether its seed
+interval resolves it. Shared by the report and its sections, so that every section says a result the same way."""
 
 from . import stats
 
 METRIC_NAME = {"sacrebleu_raw": "sacreBLEU", "bleu": "BLEU", "ppl": "perplexity"}
 HIGHER_BETTER = {"sacrebleu_raw": True, "bleu": True, "ppl": False}
+
 
 def number(x, digits=2, sign=False):
     if x is None:
