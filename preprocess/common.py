@@ -2,11 +2,11 @@
 Moses tokenisation (sacremoses), joint BPE (subword-nmt) and fairseq binarisation.
 
 Every step writes its outputs under temporary names and renames them when complete
-(``bet_fairseq.files``), then leaves a
-``.done`` marker that records its inputs (path, size, mtime, SHA-256) and settings: a re-run skips a step
-whose marker still matches and redoes it otherwise, so a half-written output never looks finished. An input
-with a new mtime but the recorded content (a copied or restored data folder, an earlier step redone to the
-same bytes) still matches, so hours of preparation are not redone for a timestamp.
+(``bet_fairseq.files``), then leaves a ``.done`` marker (``bet_fairseq.tools.markers.Steps``) that records its
+inputs (path, size, mtime, SHA-256) and settings: a re-run skips a step whose marker still matches and redoes it
+otherwise, so a half-written output never looks finished. An input with a new mtime but the recorded content (a
+copied or restored data folder, an earlier step redone to the same bytes) still matches, so hours of preparation
+are not redone for a timestamp.
 """
 
 import gzip
@@ -29,6 +29,7 @@ from tqdm import tqdm
 from bet_fairseq import __version__
 from bet_fairseq.errors import InputError, check_writable_folder, install_excepthook, run_tool, worker_pool
 from bet_fairseq.files import atomic_path, atomic_write
+from bet_fairseq.tools.markers import Steps, file_digest  # noqa: F401  (the prepare_* commands' steps)
 
 # a PrepareError that reaches the top of any command using these steps (bet-prepare-*, the demo,
 # bet-reproduce) is one line and exit status 2, not a traceback
@@ -66,89 +67,6 @@ def log(message):
 def progress(iterable, desc, total=None, quiet=False):
     return tqdm(iterable, desc=desc, total=total, unit=" lines", disable=quiet, mininterval=1.0,
                 file=sys.stderr, leave=False)
-
-
-def file_digest(path, algorithm="sha256"):
-    """Hex digest of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _signature(paths, digests=False):
-    sig = []
-    for p in paths:
-        st = os.stat(p)
-        sig.append([os.path.abspath(p), st.st_size, int(st.st_mtime)] + ([file_digest(p)] if digests else []))
-    return sig
-
-
-def _same_inputs(recorded, paths):
-    """Each input has the recorded path and size, and either the recorded mtime or the recorded digest."""
-    if not isinstance(recorded, list) or len(recorded) != len(paths):
-        return False
-    for entry, now in zip(recorded, _signature(paths)):
-        if not isinstance(entry, list) or len(entry) not in (3, 4) or entry[:2] != now[:2]:
-            return False
-        # a marker written before digests were recorded (3 entries) matches on the mtime only
-        if entry[2] != now[2] and (len(entry) == 3 or entry[3] != file_digest(now[0])):
-            return False
-    return True
-
-
-class Steps:
-    """Resumable steps under ``root``: ``run(name, inputs, outputs, fn, settings)``."""
-
-    def __init__(self, root, force=False):
-        self.root = root
-        self.force = force
-        self.marker_dir = os.path.join(root, ".done")
-        os.makedirs(self.marker_dir, exist_ok=True)
-
-    def _marker(self, name):
-        return os.path.join(self.marker_dir, f"{name}.done")
-
-    def _record(self, inputs, outputs, settings):
-        return {"inputs": _signature(inputs, digests=True), "outputs": [os.path.abspath(p) for p in outputs],
-                "settings": settings}
-
-    def is_done(self, name, inputs, outputs, settings=None):
-        marker = self._marker(name)
-        if self.force or not os.path.exists(marker):
-            return False
-        if not all(os.path.exists(p) for p in outputs):
-            return False
-        with open(marker, encoding="utf-8") as f:
-            try:
-                old = json.load(f)
-            except json.JSONDecodeError:
-                return False
-        if not isinstance(old, dict):
-            return False
-        expected = json.loads(json.dumps({"outputs": [os.path.abspath(p) for p in outputs],
-                                          "settings": settings or {}}))
-        return (old.get("outputs") == expected["outputs"] and old.get("settings") == expected["settings"]
-                and _same_inputs(old.get("inputs"), inputs))
-
-    def run(self, name, inputs, outputs, fn, settings=None):
-        """Run ``fn()`` unless an identical earlier run finished; ``fn`` must write ``outputs``."""
-        if self.is_done(name, inputs, outputs, settings):
-            log(f"[{name}] skipping: already done ({', '.join(os.path.basename(p) for p in outputs[:4])}"
-                f"{' ...' if len(outputs) > 4 else ''})")
-            return False
-        marker = self._marker(name)
-        if os.path.exists(marker):
-            os.remove(marker)
-        log(f"[{name}] running")
-        fn()
-        missing = [p for p in outputs if not os.path.exists(p)]
-        if missing:
-            raise RuntimeError(f"step {name} did not write {missing}")
-        with atomic_write(marker) as f:
-            json.dump(self._record(inputs, outputs, settings or {}), f, indent=1)
-        return True
 
 
 # ----------------------------------------------------------------------------- checked reading

@@ -33,7 +33,8 @@ import time
 import numpy as np
 
 from bet_fairseq.errors import InputError, check_writable_folder, run_tool, worker_pool
-from bet_fairseq.files import atomic_path, atomic_write
+from bet_fairseq.files import atomic_path
+from bet_fairseq.tools import markers
 
 from .hint_rules import BPE_MARKER, SUBWORD_POLICIES, doc_hints, split_bpe
 
@@ -273,11 +274,16 @@ def resume_point(partial, meta_path, meta, counts):
             old = json.load(f)
     except ValueError as e:  # not JSON, not UTF-8
         raise HintInputError(f"--resume: {meta_path} is damaged ({e}); {START_AGAIN}") from None
-    if not isinstance(old, dict) or set(old) != set(meta):
-        raise HintInputError(f"--resume: {meta_path} is damaged (not the settings of a run: {old!r}); "
-                             f"{START_AGAIN}")
-    if old != meta:
-        raise HintInputError(f"--resume: {partial} was made with other settings or input ({meta_path}: {old}); "
+    if isinstance(old, dict) and markers.DIGEST not in old and set(old) == set(meta):
+        made = old  # written before the settings file was a marker (no digest)
+    else:
+        why = markers.problem(meta_path)
+        if why is not None or not isinstance(old.get("settings"), dict) or set(old["settings"]) != set(meta):
+            raise HintInputError(f"--resume: {why or f'{meta_path} is damaged (not the settings of a run)'}; "
+                                 f"{START_AGAIN}")
+        made = old["settings"]
+    if made != meta:
+        raise HintInputError(f"--resume: {partial} was made with other settings or input ({meta_path}: {made}); "
                              f"{START_AGAIN}, or resume with those settings")
     return len(read_partial_rows(partial, counts))
 
@@ -346,8 +352,7 @@ def process_split(nlp, split, text_path, args, model_name, counts):
         elif args.resume:
             logger.info(f"{split}: nothing to resume (no {partial}); parsing from the start")
         done = 0
-        with atomic_write(meta_path) as f:
-            json.dump(meta, f)
+        markers.write(meta_path, {}, meta)
         open(partial, "w").close()
 
     start = time.time()

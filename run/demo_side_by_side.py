@@ -28,7 +28,6 @@ from bet_fairseq import catalog, recipes
 from bet_fairseq.errors import InputError, check_writable_folder
 from bet_fairseq.files import atomic_write
 from bet_fairseq.preprocess import prepare_multi30k
-from bet_fairseq.preprocess.common import file_digest
 from bet_fairseq.tools import executor, markers
 
 
@@ -44,7 +43,7 @@ def fail(msg):
 def data_identity(bin_dir):
     """What identifies the binarised data a model was trained on: its dictionaries' digests and the sizes
     of its files (remade data means retraining)."""
-    found = {os.path.basename(p): file_digest(p) for p in sorted(glob.glob(os.path.join(bin_dir, "dict.*.txt")))}
+    found = {os.path.basename(p): markers.file_digest(p) for p in sorted(glob.glob(os.path.join(bin_dir, "dict.*.txt")))}
     found.update({os.path.basename(p): os.path.getsize(p) for p in sorted(glob.glob(os.path.join(bin_dir, "*.bin")))})
     return found
 

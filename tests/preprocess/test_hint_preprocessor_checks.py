@@ -169,6 +169,15 @@ def test_resume_with_a_damaged_settings_file(interrupted, capsys):
     assert_refused(capsys, args, dest, meta)
 
 
+def test_resume_with_a_hand_edited_settings_file(interrupted, capsys):
+    """The settings file is a marker: an edit by hand no longer matches its digest, and --resume says so."""
+    args, dest, txt, meta = interrupted
+    record = json.loads(meta.read_text())
+    record["settings"]["unescape"] = not record["settings"]["unescape"]
+    meta.write_text(json.dumps(record))
+    assert_refused(capsys, args, dest, meta, "damaged")
+
+
 def test_resume_without_the_parsed_lines(interrupted, capsys):
     args, dest, txt, meta = interrupted
     txt.unlink()

@@ -1,10 +1,10 @@
-"""``preprocess.common.Steps``: which re-runs skip a finished step and which redo it."""
+"""``markers.Steps`` (data preparation's steps): which re-runs skip a finished step and which redo it."""
 
 import hashlib
 import json
 import os
 
-from bet_fairseq.preprocess.common import Steps
+from bet_fairseq.tools.markers import Steps
 
 
 def run_copy(steps, src, dst, calls):
@@ -55,8 +55,26 @@ def test_steps_marker_without_digest_is_redone_when_mtime_differs(tmp_path):
     path = tmp_path / "work" / ".done" / "copy.done"
     marker = json.load(open(path))
     marker["inputs"][0] = marker["inputs"][0][:3]
+    del marker["digest"]  # the earlier format had none
     json.dump(marker, open(path, "w"))
     assert not run_copy(steps, src, dst, calls) and len(calls) == 1
     st = os.stat(src)
     os.utime(src, (st.st_atime + 1000, st.st_mtime + 1000))
     assert run_copy(steps, src, dst, calls) and len(calls) == 2
+
+
+def test_a_hand_edited_step_marker_is_named_and_its_step_redone(tmp_path):
+    """A marker whose content no longer matches its digest (edited by hand, or cut short) is not trusted: the step
+    runs again, and the line that says so names the marker."""
+    src, dst, calls, said = str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), [], []
+    with open(src, "w") as f:
+        f.write("x\n")
+    steps = Steps(str(tmp_path / "work"), say=said.append)
+    run_copy(steps, src, dst, calls)
+    path = tmp_path / "work" / ".done" / "copy.done"
+    marker = json.load(open(path))
+    marker["settings"] = {"mode": "edited"}
+    json.dump(marker, open(path, "w"))
+    assert run_copy(steps, src, dst, calls) and len(calls) == 2
+    assert any(str(path) in line and "damaged" in line for line in said), said
+    assert not run_copy(steps, src, dst, calls) and len(calls) == 2  # whole again

@@ -1,9 +1,9 @@
-"""``runs.code_commit``: the commit a run or report was made by, marked uncommitted only when the code differs
+"""``machine.code_commit``: the commit a run or report was made by, marked uncommitted only when the code differs
 (a report written into docs/results is not a change of the code)."""
 
 import subprocess
 
-from bet_fairseq.tools.study import runs as U
+from bet_fairseq.tools.study import machine
 
 
 def _git(repo, *args):
@@ -22,8 +22,8 @@ def test_only_a_change_of_the_code_is_uncommitted(tmp_path):
     _git(tmp_path, "commit", "-qm", "first")
     head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
-    assert U.code_commit(str(tmp_path)) == head
+    assert machine.code_commit(str(tmp_path)) == head
     (tmp_path / "docs" / "REPORT.md").write_text("a new report\n")
-    assert U.code_commit(str(tmp_path)) == head
+    assert machine.code_commit(str(tmp_path)) == head
     (tmp_path / "bet_fairseq" / "m.py").write_text("x = 2\n")
-    assert U.code_commit(str(tmp_path)) == head + " + uncommitted changes"
+    assert machine.code_commit(str(tmp_path)) == head + " + uncommitted changes"

@@ -14,12 +14,13 @@ import pytest
 from cli_utils import require_shared
 
 from bet_fairseq import catalog
-from bet_fairseq.tools.study import plan as P
+from bet_fairseq.tools.study import plan
 from bet_fairseq.tools.results.curves import parse_log
 from bet_fairseq.tools.study.cli import main
 
 FIGURES = ("curves_multi30k.png", "curves_wikitext2.png", "figure45_multi30k.png", "figure45_wikitext2.png",
-           "differences.png", "figure3_diag_scale.png", "pointer_sweep.png", "attention_heatmap.png")
+           "differences.png", "figure3_diag_scale.png", "pointer_sweep.png", "attention_heatmap.png",
+           "decomposition_multi30k.png", "decomposition_wikitext2.png")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_smoke_study_writes_the_report(study):
         assert (out / name).stat().st_size > 0, name
     data = json.loads((out / "results.json").read_text())
     got = sorted((r["dataset"], r["system"], r["seed"]) for r in data["runs"])
-    assert got == sorted((r.dataset, r.system, r.seed) for r in P.plan("smoke"))
+    assert got == sorted((r.dataset, r.system, r.seed) for r in plan.plan("smoke"))
     assert all(not names for names in data["missing"].values())
     for r in data["runs"]:
         assert r["num_updates"] == 8 and r["value"] is not None
@@ -52,12 +53,12 @@ def test_smoke_study_writes_the_report(study):
     for d, metrics in (("multi30k", ("sacrebleu_raw", "bleu")), ("wikitext2", ("ppl",))):
         for metric in metrics:
             rows = data["summary"][d][metric]
-            assert set(P.MAIN_ROWS) <= set(rows)
+            assert set(plan.MAIN_ROWS) <= set(rows)
             for system, entry in rows.items():
-                if system in P.MAIN_ROWS:
+                if system in plan.MAIN_ROWS:
                     assert entry["ci"]["n"] == 2
-                    assert system == P.BASELINE or entry["diff"]["seeds"] == [1, 2]
-                if system != P.BASELINE and entry["diff"].get("p") is not None:
+                    assert system == plan.BASELINE or entry["diff"]["seeds"] == [1, 2]
+                if system != plan.BASELINE and entry["diff"].get("p") is not None:
                     assert entry["diff"]["p_holm"] >= entry["diff"]["p"]
     assert "vanilla+sentences" in data["summary"]["wikitext2"]["ppl"]
     assert data["summary"]["wikitext2"]["ppl"]["bet_sg"]["vs_control"]["diff"]["seeds"] == [1, 2]
@@ -70,18 +71,24 @@ def test_smoke_study_writes_the_report(study):
     sweep = data["pointer_sweep"]
     assert sweep["complete"] and len(sweep["points"]) == 6 and "chosen" in sweep
     # BET(SG)'s seed 1 at the default setting is trained once: the row's run is a copy of the default's point
-    default = "bet_sg+" + P.pointer_setting(*catalog.POINTER_DEFAULT.values())
+    default = "bet_sg+" + plan.pointer_setting(*catalog.POINTER_DEFAULT.values())
     copies = {(r["dataset"], r["system"], r["seed"]): r.get("copied_from") for r in data["runs"] if r.get("copied_from")}
     assert copies == {("multi30k", "bet_sg", 1): f"multi30k/{default}/seed1"}
-    assert [p["scale"] for p in data["diag_sweep"]["points"]] == list(P.DIAG_SCALES)
-    for d in P.DATASETS:
-        assert set(data["table1"][d]) == set(P.ANALYSED)
+    assert [p["scale"] for p in data["diag_sweep"]["points"]] == list(plan.DIAG_SCALES)
+    for d in plan.DATASETS:  # BET(SF) taken apart: both contrasts over both seeds; sacreBLEU's resampling
+        contrasts = data["decomposition"][d]["contrasts"]
+        assert [(c["system"], c["against"]) for c in contrasts] == list(plan.DECOMPOSITION_CONTRASTS)
+        assert all(c["diff"]["seeds"] == [1, 2] and c["diff"]["p_holm"] >= c["diff"]["p"] for c in contrasts)
+        assert all((c["test_resampling"] or {}).get("seeds") == ([1, 2] if d == "multi30k" else None)
+                   for c in contrasts)
+    for d in plan.DATASETS:
+        assert set(data["table1"][d]) == set(plan.ANALYSED)
         assert len(data["table1"][d]["bet_sf"]["matrices"]["first_pass"]) == 2  # two decoder layers
     report = (out / "REPORT.md").read_text()
     for text in ("smoke test", "not resolved", "Multi30k is not in the paper", "| BET(SG) | 2 (1, 2) |",
                  "approximate randomisation", "test-resampling", "Holm", "Plateau criterion", "paper's Transformer",
                  "commit:", "torch 2.", "where they depart from the paper", "trained on sentences (control)",
-                 "chosen on Multi30k validation nll"):
+                 "chosen on Multi30k validation nll", "what the re-weighting adds to the mask"):
         assert text in report, text
     for name in FIGURES:
         assert f"({name})" in report, name
@@ -92,7 +99,7 @@ def test_second_invocation_redoes_nothing(study, capsys):
     root, argv, _ = study
     runs = root / "work" / "runs"
     markers = sorted(runs.glob("*/*/seed*/run.json"))
-    n = len(P.plan("smoke"))
+    n = len(plan.plan("smoke"))
     assert len(markers) == n
     files = markers + sorted(runs.glob("*/*/seed*/*.log")) + sorted(runs.glob("*/*/seed*/*.pt"))
     before = {p: p.stat().st_mtime_ns for p in files}
@@ -107,7 +114,7 @@ def test_second_invocation_redoes_nothing(study, capsys):
     (root / "out" / "runs" / "wikitext2" / "bet_sf" / "seed2" / "run.json").unlink()  # not kept yet either
     assert main(argv + ["--part", "lm", "--no-plots"]) == 0
     out = capsys.readouterr().out
-    assert "wikitext2/bet_sf/seed2: ppl" in out and out.count("already done") == len(P.plan("smoke", parts=["lm"])) - 1
+    assert "wikitext2/bet_sf/seed2: ppl" in out and out.count("already done") == len(plan.plan("smoke", parts=["lm"])) - 1
     after = {p: p.stat().st_mtime_ns for p in files}
     assert after[stopped / "train.log"] == before[stopped / "train.log"]
     assert after[stopped / "eval.log"] != before[stopped / "eval.log"]
@@ -119,12 +126,12 @@ def test_report_only_on_a_partly_finished_study(study, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(root / "work", work, ignore=shutil.ignore_patterns("*.pt"))
     (work / "runs" / "multi30k" / "vanilla" / "seed1" / "attention.json").unlink()  # the heatmap's, kept by the run
-    for run in P.plan("smoke", parts=["lm"]) + P.plan("smoke", parts=["pointer"])[:2]:
+    for run in plan.plan("smoke", parts=["lm", "decomp_lm"]) + plan.plan("smoke", parts=["pointer"])[:2]:
         shutil.rmtree(work / "runs" / run.dataset / run.system / f"seed{run.seed}", ignore_errors=True)
     out = tmp_path / "out"
     assert main(["--scale", "smoke", "--work-dir", str(work), "--out", str(out), "--report-only"]) == 0
     data = json.loads((out / "results.json").read_text())
-    assert set(data["summary"]) == {"multi30k"} and len(data["missing"]["lm"]) == len(P.plan("smoke", parts=["lm"]))
+    assert set(data["summary"]) == {"multi30k"} and len(data["missing"]["lm"]) == len(plan.plan("smoke", parts=["lm"]))
     assert not data["pointer_sweep"]["complete"] and "chosen" not in data["pointer_sweep"]
     report = (out / "REPORT.md").read_text()
     assert "Part `lm`:" in report and "sweep is not complete" in report
@@ -138,7 +145,7 @@ def test_hours_leaves_what_does_not_fit_for_the_next_invocation(study, tmp_path,
     root, argv, _ = study
     work = tmp_path / "work"
     shutil.copytree(root / "work", work, ignore=shutil.ignore_patterns("*.pt"))
-    headline = P.plan("smoke", parts=["headline"])
+    headline = plan.plan("smoke", parts=["headline"])
     out = tmp_path / "out"
     capsys.readouterr()
     rc = main(argv[:4] + ["--work-dir", str(work), "--out", str(out), "--in-process", "--no-plots",
@@ -159,7 +166,7 @@ def test_archive_carries_the_study_to_a_new_work_folder(study, tmp_path, capsys)
     root, argv, _ = study
     kept = root / "out" / "runs"
     files = [p for p in kept.rglob("*") if p.is_file()]
-    n = len(P.plan("smoke"))
+    n = len(plan.plan("smoke"))
     assert len([p for p in files if p.name == "run.json"]) == n
     assert not any(p.suffix == ".pt" or p.name == "ref.detok.txt" for p in files)  # no checkpoints, no corpus text
     assert not any(str(root) in p.read_text() for p in files)  # this machine's folders are placeholders
@@ -200,7 +207,7 @@ def test_a_larger_max_update_goes_on_from_the_checkpoint(study, tmp_path, monkey
     first = json.loads((folder / "run.json").read_text())
     table1_before = (folder / "table1.json").stat().st_mtime_ns
     shutil.copytree(on, fresh, ignore=shutil.ignore_patterns("runs"))
-    monkeypatch.setitem(P.SCALE_TABLE["smoke"].train["mt"], "--max-update", 12)
+    monkeypatch.setitem(plan.SCALE_TABLE["smoke"].train["mt"], "--max-update", 12)
     data_dir = argv[argv.index("--data-dir") + 1]
     base = ["--scale", "smoke", "--data-dir", data_dir, "--in-process", "--part", "headline", "--only", "vanilla",
             "--max-seeds", "1", "--no-plots"]

@@ -6,43 +6,42 @@ import math
 
 import pytest
 
-from bet_fairseq.tools.study import plan as P
-from bet_fairseq.tools.study import stats as S
+from bet_fairseq.tools.study import plan, stats
 from bet_fairseq.tools.study.cli import main
 
 
 def test_t_quantiles_worked_by_hand():
     # df = 1 is the Cauchy distribution: t = tan(pi (q - 1/2)); df = 2: t = (2q - 1) sqrt(2 / (4 q (1 - q)))
-    assert S.t_quantile(0.975, 1) == pytest.approx(math.tan(math.pi * 0.475), rel=1e-9)
-    assert S.t_quantile(0.975, 2) == pytest.approx(0.95 * math.sqrt(2 / (4 * 0.975 * 0.025)), rel=1e-9)
-    assert S.t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-6)  # printed t tables
-    assert S.t_quantile(0.975, 4) == pytest.approx(2.776445, abs=1e-6)
-    assert S.t_quantile(0.975, 10) == pytest.approx(2.228139, abs=1e-6)
+    assert stats.t_quantile(0.975, 1) == pytest.approx(math.tan(math.pi * 0.475), rel=1e-9)
+    assert stats.t_quantile(0.975, 2) == pytest.approx(0.95 * math.sqrt(2 / (4 * 0.975 * 0.025)), rel=1e-9)
+    assert stats.t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-6)  # printed t tables
+    assert stats.t_quantile(0.975, 4) == pytest.approx(2.776445, abs=1e-6)
+    assert stats.t_quantile(0.975, 10) == pytest.approx(2.228139, abs=1e-6)
 
 
 def test_t_quantiles_match_scipy():
     scipy_stats = pytest.importorskip("scipy.stats")
     for df in (1, 2, 3, 4, 5, 7, 12, 30, 99):
         for q in (0.9, 0.95, 0.975, 0.995):
-            assert S.t_quantile(q, df) == pytest.approx(scipy_stats.t.ppf(q, df), rel=1e-8)
+            assert stats.t_quantile(q, df) == pytest.approx(scipy_stats.t.ppf(q, df), rel=1e-8)
 
 
 def test_mean_ci_of_three_values():
     # 1, 2, 3: mean 2, sample sd 1, half-width t_{0.975,2} / sqrt(3) = 4.302653 / 1.732051 = 2.484138
-    ci = S.mean_ci([1.0, 2.0, 3.0])
+    ci = stats.mean_ci([1.0, 2.0, 3.0])
     assert ci["n"] == 3 and ci["mean"] == pytest.approx(2.0) and ci["sd"] == pytest.approx(1.0)
     assert ci["half_width"] == pytest.approx(2.484138, abs=1e-6)
-    assert S.mean_ci([5.0])["half_width"] is None and S.mean_ci([])["mean"] is None
+    assert stats.mean_ci([5.0])["half_width"] is None and stats.mean_ci([])["mean"] is None
 
 
 def test_difference_is_paired_by_seed():
     # seed 4 has no partner; the differences 1, 2, 0 have mean 1 and sd 1 (the same interval as above)
-    diff = S.paired_difference({1: 10.0, 2: 12.0, 3: 11.0}, {1: 9.0, 2: 10.0, 3: 11.0, 4: 99.0})
+    diff = stats.paired_difference({1: 10.0, 2: 12.0, 3: 11.0}, {1: 9.0, 2: 10.0, 3: 11.0, 4: 99.0})
     assert diff["seeds"] == [1, 2, 3]
     assert diff["mean"] == pytest.approx(1.0) and diff["half_width"] == pytest.approx(2.484138, abs=1e-6)
-    assert S.resolved(diff) is False  # 1 < 2.48: not resolved
-    assert S.resolved({"mean": -3.0, "half_width": 2.0}) is True
-    assert S.resolved({"mean": 1.0, "half_width": None}) is None
+    assert stats.resolved(diff) is False  # 1 < 2.48: not resolved
+    assert stats.resolved({"mean": -3.0, "half_width": 2.0}) is True
+    assert stats.resolved({"mean": 1.0, "half_width": None}) is None
 
 
 def test_corpus_bleu_from_sentence_statistics_is_sacrebleus():
@@ -50,13 +49,13 @@ def test_corpus_bleu_from_sentence_statistics_is_sacrebleus():
 
     hyps = ["the cat sat on the mat .", "a dog runs", "hello world , again", "zzz"]
     refs = ["the cat is on the mat .", "the dog runs fast", "hello world again", "nothing in common"]
-    stats = S.bleu_statistics(hyps, refs)
-    assert stats[1][:2] == [3, 4]  # hypothesis and reference lengths (13a tokens)
-    assert stats[1][2:6] == [2, 1, 0, 0]  # "dog", "runs" and "dog runs" match
-    sums = [sum(col) for col in zip(*stats)]
-    assert S.bleu_from_statistics(sums) == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
-    two = [sum(col) for col in zip(*stats[:2])]
-    assert S.bleu_from_statistics(two) == pytest.approx(sacrebleu.corpus_bleu(hyps[:2], [refs[:2]]).score, abs=1e-9)
+    counts = stats.bleu_statistics(hyps, refs)
+    assert counts[1][:2] == [3, 4]  # hypothesis and reference lengths (13a tokens)
+    assert counts[1][2:6] == [2, 1, 0, 0]  # "dog", "runs" and "dog runs" match
+    sums = [sum(col) for col in zip(*counts)]
+    assert stats.bleu_from_statistics(sums) == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=1e-9)
+    two = [sum(col) for col in zip(*counts[:2])]
+    assert stats.bleu_from_statistics(two) == pytest.approx(sacrebleu.corpus_bleu(hyps[:2], [refs[:2]]).score, abs=1e-9)
 
 
 def mean_of_first(column_sums):
@@ -65,40 +64,40 @@ def mean_of_first(column_sums):
 
 def test_two_sided_t_p_values_worked_by_hand():
     # df = 1 (Cauchy): P(|T| >= 1) = 1/2; df = 2: P(|T| >= t) = 1 - t / sqrt(2 + t^2)
-    assert S.t_two_sided_p(1.0, 1) == pytest.approx(0.5, abs=1e-12)
-    assert S.t_two_sided_p(-1.0, 1) == pytest.approx(0.5, abs=1e-12)
-    assert S.t_two_sided_p(2.0, 2) == pytest.approx(1 - 2 / math.sqrt(6), abs=1e-12)
+    assert stats.t_two_sided_p(1.0, 1) == pytest.approx(0.5, abs=1e-12)
+    assert stats.t_two_sided_p(-1.0, 1) == pytest.approx(0.5, abs=1e-12)
+    assert stats.t_two_sided_p(2.0, 2) == pytest.approx(1 - 2 / math.sqrt(6), abs=1e-12)
     # the 97.5% quantile is where the two-sided p is 0.05
-    assert S.t_two_sided_p(S.t_quantile(0.975, 7), 7) == pytest.approx(0.05, abs=1e-9)
+    assert stats.t_two_sided_p(stats.t_quantile(0.975, 7), 7) == pytest.approx(0.05, abs=1e-9)
     # differences 1, 2, 0 over 3 seeds: t = 1 / (1 / sqrt 3) = sqrt 3 on 2 df
-    diff = S.paired_difference({1: 10.0, 2: 12.0, 3: 11.0}, {1: 9.0, 2: 10.0, 3: 11.0})
+    diff = stats.paired_difference({1: 10.0, 2: 12.0, 3: 11.0}, {1: 9.0, 2: 10.0, 3: 11.0})
     assert diff["p"] == pytest.approx(1 - math.sqrt(3) / math.sqrt(5), abs=1e-12)
-    assert S.paired_difference({1: 2.0, 2: 2.0}, {1: 1.0, 2: 1.0})["p"] == 0.0  # a constant non-zero difference
-    assert S.paired_difference({1: 2.0}, {1: 1.0})["p"] is None
+    assert stats.paired_difference({1: 2.0, 2: 2.0}, {1: 1.0, 2: 1.0})["p"] == 0.0  # a constant non-zero difference
+    assert stats.paired_difference({1: 2.0}, {1: 1.0})["p"] is None
 
 
 def test_holm_on_a_worked_example():
     # p = 0.01, 0.04, 0.03, 0.005 (m = 4). Sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06;
     # 0.04 x 1 = 0.04, raised to 0.06 by the step-down (an adjusted p never falls below an earlier one).
-    adjusted = S.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
+    adjusted = stats.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
     assert adjusted == pytest.approx({"d": 0.02, "a": 0.03, "c": 0.06, "b": 0.06})
-    assert S.holm({"x": 0.7, "y": 0.6}) == pytest.approx({"y": 1.0, "x": 1.0})  # capped at 1
-    assert S.holm({}) == {}
+    assert stats.holm({"x": 0.7, "y": 0.6}) == pytest.approx({"y": 1.0, "x": 1.0})  # capped at 1
+    assert stats.holm({}) == {}
 
 
 def test_plateau_on_a_hand_worked_curve():
     # 10 validation points every 100 updates; the last 20% are updates 800 -> 1000: loss 2.10 -> 2.05, a drop
     # of 0.05 = 2.44% of 2.05: not met at 2%, met at 3%
     curve = [(100 * k, v) for k, v in enumerate([9.0, 5.0, 3.5, 2.8, 2.5, 2.3, 2.2, 2.15, 2.10, 2.07, 2.05])]
-    result = S.plateau(curve, share=0.2, max_drop=0.02)
+    result = stats.plateau(curve, share=0.2, max_drop=0.02)
     assert (result["from_update"], result["to_update"]) == (800, 1000)
     assert result["drop"] == pytest.approx(0.05) and result["relative_drop"] == pytest.approx(0.05 / 2.05)
-    assert result["met"] is False and S.plateau(curve, 0.2, 0.03)["met"] is True
+    assert result["met"] is False and stats.plateau(curve, 0.2, 0.03)["met"] is True
     # a curve that rises at the end (overfitting) is past its steepest learning: a negative drop
-    assert S.plateau([(0, 3.0), (80, 2.0), (100, 2.2)], 0.2, 0.02)["met"] is True
+    assert stats.plateau([(0, 3.0), (80, 2.0), (100, 2.2)], 0.2, 0.02)["met"] is True
     # the cut falls between points: the last point at or before 0.8 x 90 = 72 (update 60)
-    assert S.plateau([(30, 4.0), (60, 3.0), (90, 2.97)], 0.2, 0.02)["from_update"] == 60
-    assert S.plateau([(100, 2.0)], 0.2, 0.02) is None
+    assert stats.plateau([(30, 4.0), (60, 3.0), (90, 2.97)], 0.2, 0.02)["from_update"] == 60
+    assert stats.plateau([(100, 2.0)], 0.2, 0.02) is None
 
 
 def test_lowercased_sentence_statistics_are_sacrebleus():
@@ -106,10 +105,10 @@ def test_lowercased_sentence_statistics_are_sacrebleus():
 
     hyps = ["the cat sat on the mat .", "a dog runs", "hello world , again"]
     refs = ["The cat is on the mat.", "The Dog runs fast", "Hello world again"]
-    sums = [sum(col) for col in zip(*S.bleu_statistics(hyps, refs, lowercase=True))]
-    assert S.bleu_from_statistics(sums) == pytest.approx(
+    sums = [sum(col) for col in zip(*stats.bleu_statistics(hyps, refs, lowercase=True))]
+    assert stats.bleu_from_statistics(sums) == pytest.approx(
         sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score, abs=1e-9)
-    assert S.sacrebleu_metric().corpus_score(hyps, [refs]).score == pytest.approx(S.bleu_from_statistics(sums))
+    assert stats.sacrebleu_metric().corpus_score(hyps, [refs]).score == pytest.approx(stats.bleu_from_statistics(sums))
 
 
 def test_seed_averaged_bootstrap_on_a_two_sentence_set():
@@ -117,16 +116,16 @@ def test_seed_averaged_bootstrap_on_a_two_sentence_set():
     # with probabilities 1/4, 1/2, 1/4 (2.5 / 97.5 percentiles 0 and 1); two identical pairs average to the same; a
     # third pair with B = A everywhere shrinks every delta by a third.
     a, b = [[0.0, 1.0], [0.0, 1.0]], [[1.0, 1.0], [0.0, 1.0]]
-    result = S.seed_averaged_bootstrap([(a, b), (a, b)], score=mean_of_first, resamples=1000, seed=7)
+    result = stats.seed_averaged_bootstrap([(a, b), (a, b)], score=mean_of_first, resamples=1000, seed=7)
     assert result["delta"] == pytest.approx(0.5) and result["ci"] == [0.0, 1.0] and result["pairs"] == 2
-    third = S.seed_averaged_bootstrap([(a, b), (a, b), (a, a)], score=mean_of_first, resamples=1000, seed=7)
+    third = stats.seed_averaged_bootstrap([(a, b), (a, b), (a, a)], score=mean_of_first, resamples=1000, seed=7)
     assert third["delta"] == pytest.approx(1 / 3) and third["ci"] == pytest.approx([0.0, 2 / 3])
     with pytest.raises(ValueError):
-        S.seed_averaged_bootstrap([(a, b[:1])], score=mean_of_first)
+        stats.seed_averaged_bootstrap([(a, b[:1])], score=mean_of_first)
 
 
 def _bleu(hyps, refs):
-    return S.sacrebleu_metric().corpus_score(hyps, [refs]).score
+    return stats.sacrebleu_metric().corpus_score(hyps, [refs]).score
 
 
 def test_sacrebleus_approximate_randomisation_against_exhaustive_enumeration():
@@ -148,7 +147,7 @@ def test_sacrebleus_approximate_randomisation_against_exhaustive_enumeration():
         y = [b if w else s for b, s, w in zip(base, system, swap)]
         greater += abs(_bleu(x, refs) - _bleu(y, refs)) > observed + 1e-9
     exact = greater / 32
-    tests = S.sacrebleu_paired_tests(base, {"sys": system}, refs, bootstrap_resamples=1000, ar_trials=10000)
+    tests = stats.sacrebleu_paired_tests(base, {"sys": system}, refs, bootstrap_resamples=1000, ar_trials=10000)
     got = tests["systems"]["sys"]
     assert got["delta"] == pytest.approx(_bleu(system, refs) - _bleu(base, refs))
     assert got["ar_p"] == pytest.approx(exact, abs=0.02)
@@ -156,13 +155,13 @@ def test_sacrebleus_approximate_randomisation_against_exhaustive_enumeration():
     assert "case:lc" in tests["signatures"]["ar"] and "ar:10000" in tests["signatures"]["ar"]
     assert "bs:1000" in tests["signatures"]["bs"]
     # two-sided: the same p with the systems' roles swapped
-    swapped = S.sacrebleu_paired_tests(system, {"sys": base}, refs, bootstrap_resamples=1000, ar_trials=10000)
+    swapped = stats.sacrebleu_paired_tests(system, {"sys": base}, refs, bootstrap_resamples=1000, ar_trials=10000)
     assert swapped["systems"]["sys"]["ar_p"] == pytest.approx(got["ar_p"], abs=0.02)
     assert swapped["systems"]["sys"]["delta"] == pytest.approx(-got["delta"])
 
 
 def test_the_table_and_its_plan():
-    runs = P.plan("cpu")
+    runs = plan.plan("cpu")
     assert len(set(runs)) == len(runs)
     seeds = {}
     for r in runs:
@@ -174,34 +173,34 @@ def test_the_table_and_its_plan():
         if not system.startswith("bet_sg+"):  # the lambda_p sweep's points only choose a setting
             assert len(got) >= 3, (dataset, system)
     # the headline part runs first, seed by seed, the pair of each seed together
-    head = P.plan("cpu", parts=["headline", "headline2", "headline3"])
-    assert head == [P.Run("multi30k", row, s) for s in range(1, 9) for row in ("vanilla", "bet_sf")]
+    head = plan.plan("cpu", parts=["headline", "headline2", "headline3"])
+    assert head == [plan.Run("multi30k", row, s) for s in range(1, 9) for row in ("vanilla", "bet_sf")]
     assert runs[:16] == head
     # every part fits 3-4 hours on 2 cores (data preparation apart), after the parts before it
     counted = []
-    for part in P.PARTS:
-        mine = [r for r in P.plan("cpu", parts=[part]) if r not in counted]
+    for part in plan.PARTS:
+        mine = [r for r in plan.plan("cpu", parts=[part]) if r not in counted]
         counted += mine
-        assert P.expected_seconds("cpu", mine, jobs=2, prepare=False) <= 4.3 * 3600, part
+        assert plan.expected_seconds("cpu", mine, jobs=2, prepare=False) <= 4.3 * 3600, part
     assert sorted(counted, key=runs.index) == runs
     # the sweeps: Figure 3's scales (1 = the Transformer) and the lambda_p x heads grid (every point named, the
     # default's too: the row's runs at the default are its twins)
     assert {r.setting for r in runs if r.row == "diag_scale"} == {"x0", "x0.2", "x0.5", "x2"}
     grid = {(r.flags.get("--pointer-lambda"), r.flags.get("--pointer-heads")) for r in runs if r.row == "bet_sg"}
     assert grid == {(lam, heads) for lam in (0.002, 0.01, 0.05) for heads in ("mean", "first")} | {(None, None)}
-    assert P.plan("smoke", rows=["bet_sf"], datasets=["wikitext2"], max_seeds=1) == [P.Run("wikitext2", "bet_sf", 1)]
-    assert P.plan("smoke", rows=["hopfield"], datasets=["multi30k"]) == [P.Run("multi30k", "hopfield", s) for s in (1, 2)]
+    assert plan.plan("smoke", rows=["bet_sf"], datasets=["wikitext2"], max_seeds=1) == [plan.Run("wikitext2", "bet_sf", 1)]
+    assert plan.plan("smoke", rows=["hopfield"], datasets=["multi30k"]) == [plan.Run("multi30k", "hopfield", s) for s in (1, 2)]
 
 
 def test_a_runs_flags_are_the_setting_on_the_row():
-    from bet_fairseq.tools.study import runs as U
+    from bet_fairseq.tools.study import commands
 
-    train, _ = U.commands(P.Run("multi30k", "diag_scale", 1, "x0.5"), "cpu", "BIN", "SAVE")
+    train, _ = commands.commands(plan.Run("multi30k", "diag_scale", 1, "x0.5"), "cpu", "BIN", "SAVE")
     assert train[train.index("--arch") + 1] == "diag_scale_iwslt" and train[train.index("--diag-scale") + 1] == "0.5"
-    train, _ = U.commands(P.Run("wikitext2", "bet_sg", 2), "cpu", "BIN", "SAVE")
+    train, _ = commands.commands(plan.Run("wikitext2", "bet_sg", 2), "cpu", "BIN", "SAVE")
     assert train[train.index("--criterion") + 1] == "adaptive_loss_with_pointer" and "--label-smoothing" not in train
     assert train[train.index("--best-checkpoint-metric") + 1] == "nll_loss" and "--adam-eps" in train
-    train, _ = U.commands(P.Run("multi30k", "bet_sg", 1, "lambda0.05-first"), "cpu", "BIN", "SAVE")
+    train, _ = commands.commands(plan.Run("multi30k", "bet_sg", 1, "lambda0.05-first"), "cpu", "BIN", "SAVE")
     assert train[train.index("--pointer-lambda") + 1] == "0.05" and train[train.index("--pointer-heads") + 1] == "first"
     assert train[train.index("--best-checkpoint-metric") + 1] == "nll_loss"
     assert "--maximize-best-checkpoint-metric" not in train
@@ -226,7 +225,7 @@ def test_paper_scale_prints_gpu_hours_and_does_not_run(tmp_path, capsys):
 
 
 def test_verdict_says_what_an_unresolved_interval_rules_out():
-    from bet_fairseq.tools.study.report import verdict
+    from bet_fairseq.tools.study.words import verdict
     # mean -0.04, half-width 0.53: the interval [-0.57, +0.49]; for BLEU (higher is better) a gain above 0.49
     # or a loss above 0.57 is ruled out
     words = verdict({"mean": -0.04, "half_width": 0.53}, "sacrebleu_raw")
@@ -241,7 +240,7 @@ def test_verdict_says_what_an_unresolved_interval_rules_out():
 
 
 def test_t_test_words_say_when_holm_undoes_a_resolved_interval():
-    from bet_fairseq.tools.study.report import t_test_words
+    from bet_fairseq.tools.study.words import t_test_words
     # WikiText-2's DiagFreeMask: -1.69 +- 1.63 excludes 0, t p 0.046, Holm (4 systems, 2nd smallest p) 0.093
     words = t_test_words({"mean": -1.69, "half_width": 1.63, "p": 0.046, "p_holm": 0.093})
     assert "p = 0.046" in words and "Holm-adjusted 0.093" in words and "not once corrected" in words
@@ -277,7 +276,7 @@ def test_plateau_reports_the_curves_own_step_between_validations():
     # the last 20% are updates 800 -> 1000: 7.30, 7.41, 7.23, 7.26 (a noisy curve); steps 0.11, 0.18, 0.03;
     # the largest, 0.18, is 2.48% of the final 7.26; the drop 7.30 -> 7.26 is 0.55%
     curve = [(0, 9.0), (400, 7.9), (800, 7.30), (850, 7.41), (900, 7.23), (1000, 7.26)]
-    result = S.plateau(curve, share=0.2, max_drop=0.02)
+    result = stats.plateau(curve, share=0.2, max_drop=0.02)
     assert result["from_update"] == 800
     assert result["largest_step"] == pytest.approx(0.18 / 7.26)
     assert result["relative_drop"] == pytest.approx(0.04 / 7.26)

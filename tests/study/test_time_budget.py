@@ -9,17 +9,14 @@ import types
 
 import pytest
 
-from bet_fairseq.tools.study import archive
-from bet_fairseq.tools.study import cli
-from bet_fairseq.tools.study import plan as P
-from bet_fairseq.tools.study import runs as U
+from bet_fairseq.tools.study import cli, plan, runs, scheduler, store
 
 # the cpu scale's part headline3: vanilla seed 7, bet_sf seed 7, vanilla seed 8, bet_sf seed 8
-RUNS = P.plan("cpu", parts=["headline3"])
+RUNS = plan.plan("cpu", parts=["headline3"])
 TAKES = 2000.0  # what each stand-in run "takes" on the fake clock
 
 
-LM_RUNS = P.plan("cpu", parts=["lm"])
+LM_RUNS = plan.plan("cpu", parts=["lm"])
 # the estimates the arithmetic below is worked with, in place of the scale's measured ones (which move): 3,250 s a
 # translation run, 1,900 s a language model, 1,350 s to prepare WikiText-2
 ESTIMATES = {"seconds_per_run": {"mt": 3250.0, "lm": 1900.0}, "seconds_prepare": {"mt": 250.0, "lm": 1350.0}}
@@ -44,13 +41,14 @@ def fake_study(monkeypatch, tmp_path):
         clock["now"] += preparing[dataset]
         return f"BIN-{dataset}"
 
-    monkeypatch.setitem(P.SCALE_TABLE, "cpu", dataclasses.replace(P.SCALE_TABLE["cpu"], **ESTIMATES))
+    monkeypatch.setitem(plan.SCALE_TABLE, "cpu", dataclasses.replace(plan.SCALE_TABLE["cpu"], **ESTIMATES))
     monkeypatch.setattr(cli, "time", types.SimpleNamespace(time=lambda: clock["now"]))
+    monkeypatch.setattr(scheduler, "time", types.SimpleNamespace(time=lambda: clock["now"]))
     monkeypatch.setattr(cli, "_prepare_dataset", prepare_dataset)
-    monkeypatch.setattr(U, "execute", execute)
-    monkeypatch.setattr(U, "takes_no_time", lambda run, scale, work, bin_dir: False)
-    monkeypatch.setattr(U, "done", lambda work, run: run.name in done)
-    monkeypatch.setattr(archive, "save", lambda work, out, run: None)
+    monkeypatch.setattr(runs, "execute", execute)
+    monkeypatch.setattr(runs, "takes_no_time", lambda run, scale, work, bin_dir: False)
+    monkeypatch.setattr(store, "done", lambda work, run: run.name in done)
+    monkeypatch.setattr(store, "save", lambda work, out, run: None)
     # Multi30k was prepared in an earlier sitting: its preparation is weighed at 0 s
     (tmp_path / cli.PREPARE_RECORD).write_text(json.dumps({"multi30k": 250.0}))
 
@@ -59,8 +57,9 @@ def fake_study(monkeypatch, tmp_path):
         cli.check_options(args)
         deadline = None if hours is None else hours * 3600
         datasets = cli.Datasets(args, runs, str(tmp_path))
-        failures, deferred = cli.execute(args, runs, str(tmp_path), datasets, str(tmp_path / "out"), deadline,
-                                         history)
+        failures, deferred = scheduler.Scheduler("cpu", str(tmp_path), str(tmp_path / "out"), datasets,
+                                                 jobs=args.jobs, deadline=deadline, hours=args.hours,
+                                                 history=history).run(runs)
         assert failures == []
         return started, [r.name for r in deferred]
 

@@ -48,24 +48,40 @@ def parse_log(path):
     return curves
 
 
-def plot_curves(runs, out_path, title):
-    """runs: [(label, curves)]; one PNG with the training and the validation loss against updates."""
+def _band(ax, curves, colour, label, linestyle="-"):
+    """Mean over seeds of curves on their common updates, with the band of the seeds' minimum to maximum."""
+    import numpy as np
+
+    common = sorted(set.intersection(*[{u for u, _ in c} for c in curves])) if curves else []
+    if not common:
+        return
+    values = np.array([[dict(c)[u] for u in common] for c in curves])
+    ax.plot(common, values.mean(0), color=colour, label=label, linestyle=linestyle,
+            marker="." if len(common) < 30 else None)
+    if len(curves) > 1:
+        ax.fill_between(common, values.min(0), values.max(0), color=colour, alpha=0.2, linewidth=0)
+
+
+def plot_curves(groups, out_path, title, splits=("train", "valid"), quantity="loss (base 2)", count_seeds=False):
+    """One PNG, a panel per split (keys of ``parse_log``'s result) against updates. ``groups``: [(label, [curves of
+    its seeds, each ``parse_log``'s result], colour or None)]; each drawn as the mean over its seeds on their common
+    updates with the seeds' range as a band (one seed: its own line); ``count_seeds`` adds the number to the label."""
     from ..figures import pyplot, save_png
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, split in zip(axes, ("train", "valid")):
-        colours = plt.get_cmap("tab20").colors
-        for k, (label, curves) in enumerate(runs):
-            points = curves[split]
-            if points:
-                xs, ys = zip(*points)
-                ax.plot(xs, ys, marker="." if len(points) < 30 else None, label=label, color=colours[(2 * k) % 20
-                        if k < 10 else (2 * k + 1) % 20], linestyle="-" if k < 10 else "--")
+    fig, axes = plt.subplots(1, len(splits), figsize=(5.8 * len(splits), 4.2), squeeze=False)
+    palette = plt.get_cmap("tab20").colors
+    for ax, split in zip(axes[0], splits):
+        for k, (label, seeds, colour) in enumerate(groups):
+            curves = [c[split] for c in seeds if c[split]]
+            if count_seeds:
+                label = f"{label} ({len(curves)} seed{'s' if len(curves) > 1 else ''})"
+            _band(ax, curves, colour or palette[(2 * k) % 20 if k < 10 else (2 * k + 1) % 20], label,
+                  "-" if colour or k < 10 else "--")
         ax.set_xlabel("updates")
-        ax.set_ylabel(f"{'training' if split == 'train' else 'validation'} loss (base 2)")
+        ax.set_ylabel(f"{'training' if split.startswith('train') else 'validation'} {quantity}")
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8)
-    fig.suptitle(title)
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return save_png(fig, out_path)

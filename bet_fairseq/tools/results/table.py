@@ -120,7 +120,7 @@ def plot(results, plot_dir):
             log = r.get("train_log") or os.path.join(os.path.dirname(r["_path"]), "train.log")
             if dataset != d or not os.path.exists(log):
                 continue
-            runs.append((r.get("row_label", key), parse_log(log)))
+            runs.append((r.get("row_label", key), [parse_log(log)], None))
         if runs:
             written.append(plot_curves(runs, os.path.join(plot_dir, f"loss_{d}.png"),
                                        f"{catalog.dataset(d).column}: loss curves"))

@@ -29,16 +29,11 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from bet_fairseq import catalog
 from bet_fairseq.files import atomic_write
-from . import plan as P
-
-
-def _hms(seconds):
-    seconds = int(round(max(0, seconds)))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+from . import commands, plan, store
+from .scheduler import Scheduler
 
 
 def _csv(text):
@@ -57,9 +52,9 @@ def build_parser():
     p.add_argument("--jobs", type=int, help="runs at a time, one CPU thread each (default: 2 at the cpu scale "
                                             "on a machine with 2 or more cores, else 1)")
     p.add_argument("--part", type=_csv, help="only these parts, comma-separated (default: all, in this order): "
-                                             + ", ".join(P.PARTS))
-    p.add_argument("--only", type=_csv, help="only these rows, comma-separated: " + ", ".join(P.MAIN_ROWS))
-    p.add_argument("--dataset", type=_csv, help="only these datasets, comma-separated: " + ", ".join(P.DATASETS))
+                                             + ", ".join(plan.PARTS))
+    p.add_argument("--only", type=_csv, help="only these rows, comma-separated: " + ", ".join(plan.MAIN_ROWS))
+    p.add_argument("--dataset", type=_csv, help="only these datasets, comma-separated: " + ", ".join(plan.DATASETS))
     p.add_argument("--max-seeds", type=int, help="at most this many seeds per row")
     p.add_argument("--dry-run", action="store_true", help="print the plan, its expected time and the commands")
     p.add_argument("--run", action="store_true", help="with --scale paper: run it (otherwise only the plan)")
@@ -78,8 +73,8 @@ def build_parser():
 def check_options(args):
     if args.jobs is None:
         args.jobs = min(2, os.cpu_count() or 1) if args.scale == "cpu" and not args.in_process else 1
-    if args.scale not in P.SCALES:
-        raise ValueError(f"--scale {args.scale!r}: one of {', '.join(P.SCALES)}")
+    if args.scale not in plan.SCALES:
+        raise ValueError(f"--scale {args.scale!r}: one of {', '.join(plan.SCALES)}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     if args.in_process and args.jobs > 1:
@@ -93,27 +88,24 @@ def check_options(args):
 
 
 def describe(args, runs, work, out):
-    from . import archive, twins
-    from . import runs as U
-
-    sc = P.SCALE_TABLE[args.scale]
+    sc = plan.SCALE_TABLE[args.scale]
     # finished here with this code's commands, or kept in the archive (checked once it is put back)
-    finished = [r for r in dict.fromkeys(P.plan(args.scale) + runs)
-                if U.load_current(work, r, args.scale) or not U.done(work, r) and archive.holds(out, r)]
+    finished = [r for r in dict.fromkeys(plan.plan(args.scale) + runs)
+                if store.load_current(work, r, args.scale) or not store.done(work, r) and store.holds(out, r)]
     done = [r for r in runs if r in finished]
-    copies = twins.copies_in(runs, args.scale, finished)  # no time: copied from their twins
+    copies = store.copies_in(runs, args.scale, finished)  # no time: copied from their twins
     left = [r for r in runs if r not in done and r not in copies]
     print(f"bet-reproduce --scale {args.scale}: {sc.description}")
     counted = []
-    for part in args.part or P.PARTS:
-        mine = [r for r in P.plan(args.scale, max_seeds=args.max_seeds, parts=[part]) if r in runs and r not in counted]
+    for part in args.part or plan.PARTS:
+        mine = [r for r in plan.plan(args.scale, max_seeds=args.max_seeds, parts=[part]) if r in runs and r not in counted]
         counted += mine
         if not mine:
             continue
         systems = {}
         for r in mine:
             systems[f"{r.dataset}/{r.system}"] = systems.get(f"{r.dataset}/{r.system}", 0) + 1
-        hours = P.expected_seconds(args.scale, [r for r in mine if r not in copies], args.jobs, prepare=False) / 3600
+        hours = plan.expected_seconds(args.scale, [r for r in mine if r not in copies], args.jobs, prepare=False) / 3600
         copied = sum(r in copies for r in mine)
         print(f"  part {part}: {len(mine)} runs{f' ({copied} copies)' if copied else ''}, ~{hours:.1f} "
               f"{'GPU-' if sc.device == 'gpu' else ''}hours with --jobs {args.jobs} (after the parts above it; data "
@@ -121,8 +113,8 @@ def describe(args, runs, work, out):
     others = [r for r in runs if r not in counted]
     if others:
         print("  rows outside the parts: " + ", ".join(r.name for r in others))
-    total = P.expected_seconds(args.scale, [r for r in runs if r not in copies], args.jobs)
-    rest = P.expected_seconds(args.scale, left, args.jobs, prepare=bool(left))
+    total = plan.expected_seconds(args.scale, [r for r in runs if r not in copies], args.jobs)
+    rest = plan.expected_seconds(args.scale, left, args.jobs, prepare=bool(left))
     unit = "GPU-hours" if sc.device == "gpu" else "hours"
     print(f"  {len(runs)} runs, {len(done)} finished; expected {total / 3600:.1f} {unit} in all with --jobs "
           f"{args.jobs}, ~{rest / 3600:.1f} left")
@@ -146,7 +138,7 @@ def _prepare_dataset(args, dataset, work, hints):
     """Prepare one dataset of the study (BET(SG)'s hints with ``hints``) and add the time to the record."""
     from . import data
 
-    sc = P.SCALE_TABLE[args.scale]
+    sc = plan.SCALE_TABLE[args.scale]
     start = time.time()
     print(f"[data] {catalog.dataset(dataset).label}: preparing in {work}", flush=True)
     bin_dir = data.prepare(dataset, work, args.data_dir, sc.data[catalog.dataset(dataset).kind], hints=hints)
@@ -178,138 +170,12 @@ class Datasets:
         """The scale's estimate, or 0 for a dataset this work folder has prepared before (its steps are skipped)."""
         if self.ready(dataset) or dataset in self.prepared_before:
             return 0.0
-        return P.SCALE_TABLE[self.args.scale].seconds_prepare[catalog.dataset(dataset).kind]
+        return plan.SCALE_TABLE[self.args.scale].seconds_prepare[catalog.dataset(dataset).kind]
 
     def bin_dir(self, dataset):
         if dataset not in self.bins:
             self.bins[dataset] = _prepare_dataset(self.args, dataset, self.work, self.hints[dataset])
         return self.bins[dataset]
-
-
-def execute(args, runs, work, datasets, out, deadline=None, history=()):
-    """Run what is left, ``args.jobs`` at a time, one progress line per run, each finished run kept in ``out``'s
-    archive at once; ``datasets`` (a ``Datasets``) prepares a dataset just before its first run. From the first
-    run that the estimate says would end after ``deadline`` (a ``time.time()``), no unfinished run is started:
-    those are left for the next invocation. A run's estimate is the scale's figure times what the runs finished
-    here took against theirs, or, before any has, the records in ``history`` (runs finished earlier); the first
-    unfinished run of a dataset not prepared yet is weighed with its preparation. Returns (failures, runs left)."""
-    from . import archive, twins
-    from . import runs as U
-
-    sc = P.SCALE_TABLE[args.scale]
-    if args.jobs > 1 or not args.in_process:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-    elif sc.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        import torch
-
-        torch.set_num_threads(1)  # one thread a run, as in a subprocess (threads spin-wait on a busy machine)
-    total, lock = len(runs), threading.Lock()
-    left = list(runs)
-    state = {"k": 0, "measured": 0.0, "estimated": 0.0, "out_of_time": False}
-    failures, deferred = [], []
-    start = time.time()
-
-    def seconds(record):
-        return U.run_seconds(record), sc.seconds_per_run[catalog.dataset(record["dataset"]).kind]
-
-    earlier = [seconds(r) for r in history if r.get("scale") == args.scale and r.get("wall_time_s")]
-    earlier_factor = sum(m for m, _ in earlier) / sum(e for _, e in earlier) if earlier else 1.0
-
-    def estimate(run):
-        """The run's seconds: the scale's figure, scaled by what the finished runs took against theirs."""
-        factor = state["measured"] / state["estimated"] if state["estimated"] else earlier_factor
-        return sc.seconds_per_run[catalog.dataset(run.dataset).kind] * factor
-
-    def progress(run, what):
-        state["k"] += 1
-        left.remove(run)
-        eta = sum(estimate(r) for r in left) / args.jobs
-        print(f"[{state['k']}/{total}] {run.name}: {what} | elapsed {_hms(time.time() - start)} | "
-              f"left ~{_hms(eta)}", flush=True)
-
-    def report(run, record, skipped, error=None):
-        with lock:
-            if error is None and not skipped:
-                measured, estimated = seconds(record)
-                state["measured"] += measured
-                state["estimated"] += estimated
-            if error is not None:
-                what = f"FAILED: {error}"
-            else:
-                metric = "BLEU" if record["metric"] == "bleu" else "ppl"
-                how = "already done" if skipped else f"{U.run_seconds(record):.0f} s"
-                if twins.is_copy(record):
-                    how += f", a copy of {record[twins.COPIED_FROM]}"
-                what = f"{metric} {record['value']:.2f} ({how})"
-            progress(run, what)
-
-    def out_of_time(run, preparing=0.0, finished=False):
-        """Whether ``run`` is left for later (``--hours``), given ``preparing`` seconds of data preparation first;
-        a ``finished`` run takes no time but that (it is not redone here, nor checked against data not prepared)."""
-        if deadline is None:
-            return False
-        with lock:
-            need = preparing + (0.0 if finished else estimate(run))
-            if not state["out_of_time"] and time.time() + need <= deadline:
-                return False
-            if finished:
-                progress(run, "finished earlier (not checked against its data, which this sitting leaves unprepared)")
-                return True
-            state["out_of_time"] = True
-            deferred.append(run)
-            data = " with its data's preparation" if preparing else ""
-            progress(run, f"not started: ~{_hms(need)}{data} would end past --hours {args.hours:g}")
-            return True
-
-    def admit(run):
-        """Whether ``run`` goes to a job; its dataset is prepared first unless the run is left for later. Called
-        from the main thread (the jobs' threads only run fairseq's commands, which Ctrl-C stops)."""
-        if datasets.ready(run.dataset):
-            return True
-        if out_of_time(run, datasets.seconds_to_prepare(run.dataset), finished=U.done(work, run)):
-            return False
-        datasets.bin_dir(run.dataset)
-        return True
-
-    def one(run):
-        bin_dir = datasets.bin_dir(run.dataset)
-        if state.get("stopping") or not U.takes_no_time(run, args.scale, work, bin_dir) and out_of_time(run):
-            return
-        try:
-            record, skipped = U.execute(run, args.scale, work, bin_dir, in_process=args.in_process)
-        except U.RunFailed as exc:
-            if state.get("stopping"):
-                return
-            failures.append(str(exc))
-            report(run, None, False, exc)
-            return
-        archive.save(work, out, run)
-        report(run, record, skipped)
-
-    if args.jobs == 1:
-        for run in runs:
-            if admit(run):
-                one(run)
-        return failures, deferred
-    pool = ThreadPoolExecutor(max_workers=args.jobs)
-    queue, pending = list(runs), set()
-    try:
-        while queue or pending:
-            while queue and len(pending) < args.jobs:
-                run = queue.pop(0)
-                if admit(run):
-                    pending.add(pool.submit(one, run))
-            if pending:
-                finished, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    fut.result()
-    except BaseException:
-        state["stopping"] = True
-        U.stop_all()
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-    return failures, deferred
 
 
 @contextlib.contextmanager
@@ -342,18 +208,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         check_options(args)
-        runs = P.plan(args.scale, args.only, args.dataset, args.max_seeds, args.part)
+        runs = plan.plan(args.scale, args.only, args.dataset, args.max_seeds, args.part)
     except ValueError as exc:
         parser.error(str(exc))
     work = os.path.abspath(args.work_dir or os.path.join("work-dirs", "reproduce", args.scale))
     out = os.path.abspath(args.out or default_out(args.scale, work))
     describe(args, runs, work, out)
     if args.dry_run or (args.scale == "paper" and not args.run and not args.report_only):
-        from . import runs as U
-
-        for run in runs[:len(P.DATASETS) * len(P.MAIN_ROWS)]:
-            train, ev = U.commands(run, args.scale, f"<{run.dataset} data-bin>", U.run_dir(work, run),
-                                   cpu=P.SCALE_TABLE[args.scale].device == "cpu")
+        for run in runs[:len(plan.DATASETS) * len(plan.MAIN_ROWS)]:
+            train, ev = commands.commands(run, args.scale, f"<{run.dataset} data-bin>", store.run_dir(work, run),
+                                   cpu=plan.SCALE_TABLE[args.scale].device == "cpu")
             print(f"# {run.name}\n{shlex.join(train)}\n{shlex.join(ev)}")
         if args.scale == "paper" and not args.run:
             print("not running: --scale paper runs only with --run (on a GPU machine)")
@@ -366,13 +230,12 @@ def main(argv=None):
     except InputError as exc:
         print(one_line("bet-reproduce", exc), file=sys.stderr)
         return 2
-    from . import archive, data, report, twins
-    from . import runs as U
+    from . import data, report
 
-    everything = P.plan(args.scale)
-    restored = archive.restore(out, work, everything)
+    everything = plan.plan(args.scale)
+    restored = store.restore(out, work, everything)
     if restored:
-        print(f"[archive] {len(restored)} finished runs put back from {archive.folder(out)} into {work}", flush=True)
+        print(f"[archive] {len(restored)} finished runs put back from {store.folder(out)} into {work}", flush=True)
     command = "bet-reproduce " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     failures, deferred = [], []
     try:
@@ -381,12 +244,15 @@ def main(argv=None):
                 # every run is looked at, the finished ones too: one whose commands changed (a new default, a larger
                 # --max-update) is done again; the others are skipped at once
                 deadline = None if args.hours is None else started + args.hours * 3600
-                history = [rec for rec in (U.load(work, r) for r in everything) if rec and not twins.is_copy(rec)]
-                failures, deferred = execute(args, runs, work, Datasets(args, runs, work), out, deadline, history)
+                history = [rec for rec in (store.load(work, r) for r in everything) if rec and not store.is_copy(rec)]
+                scheduler = Scheduler(args.scale, work, out, Datasets(args, runs, work), jobs=args.jobs,
+                                      in_process=args.in_process, deadline=deadline, hours=args.hours,
+                                      history=history)
+                failures, deferred = scheduler.run(runs)
             elif args.data_dir and restored and not os.path.exists(data.raw_references(work)):
                 # runs put back from the archive into a new work folder: the report scores their hypotheses
                 # against the raw test references, which come with the prepared data
-                scored = [r for r in everything if U.done(work, r) and catalog.dataset(r.dataset).kind == "mt"]
+                scored = [r for r in everything if store.done(work, r) and catalog.dataset(r.dataset).kind == "mt"]
                 datasets = Datasets(args, scored, work, hints=False)
                 for dataset in sorted({r.dataset for r in scored}):
                     datasets.bin_dir(dataset)
@@ -397,15 +263,13 @@ def main(argv=None):
     # the report covers the whole study of the scale, whichever part this invocation ran (and its archive keeps
     # every finished run, those made by an earlier invocation or an older version of this code included)
     for run in everything:
-        archive.save(work, out, run)
-    current = {r: U.load_current(work, r, args.scale) for r in everything}  # left out: runs of other commands
+        store.save(work, out, run)
+    current = {r: store.load_current(work, r, args.scale) for r in everything}  # left out: runs of other commands
     records = [rec for rec in current.values() if rec is not None]
-    missing = {part: [r.name for r in P.plan(args.scale, parts=[part]) if current.get(r) is None] for part in P.PARTS}
+    missing = {part: [r.name for r in plan.plan(args.scale, parts=[part]) if current.get(r) is None] for part in plan.PARTS}
     prepare_s = sum(_prepare_seconds(work).values())
     path = report.write(out, args.scale, records, work, command, prepare_s, time.time() - started, missing,
                         plots=not args.no_plots)
-    for run in everything:  # the report may have added a file to a run (the heatmap's attention.json)
-        archive.save(work, out, run)
     print(f"report: {path} ({len(records)} of {len(everything)} runs of the study)", flush=True)
     if deferred:
         print(f"bet-reproduce: --hours {args.hours:g}: {len(deferred)} run(s) left for the next invocation (the same "

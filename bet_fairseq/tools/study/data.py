@@ -1,5 +1,5 @@
 """Data of the study, prepared once in the work folder with the project's own steps (each skipped
-when it already finished with the same inputs and settings, ``preprocess.common.Steps``):
+when it already finished with the same inputs and settings, ``bet_fairseq.tools.markers.Steps``):
 
 * Multi30k De-En: ``preprocess/prepare_multi30k.py``, as the side-by-side demo (Moses, lowercased; joint
   BPE with subword-nmt; fairseq-preprocess with a joined dictionary);
@@ -15,6 +15,7 @@ import os
 import sys
 
 from bet_fairseq.files import atomic_write
+from bet_fairseq.tools import markers
 
 
 class DataError(SystemExit):
@@ -34,7 +35,7 @@ def _head(src, dst, n):
 def prepare_multi30k(work, data_dir, sizes, hints=True):
     """Binarised Multi30k De-En under ``work/multi30k/data-bin`` (+ BET(SG) hints); returns that folder.
     ``sizes``: ``max_train``/``max_eval`` (0: all) and ``bpe_merges``."""
-    from bet_fairseq.preprocess import common, prepare_multi30k
+    from bet_fairseq.preprocess import prepare_multi30k
 
     out = os.path.join(work, "multi30k")
     raw = None
@@ -43,7 +44,7 @@ def prepare_multi30k(work, data_dir, sizes, hints=True):
         if not os.path.isdir(raw):
             raise DataError(f"--data-dir {data_dir} has no multi30k/ folder")
     bpe, bin_dir = prepare_multi30k.prepare(out, raw, sizes["max_train"], sizes["max_eval"], sizes["bpe_merges"])
-    steps = common.Steps(out)
+    steps = markers.Steps(out)
     # the raw (cased, untokenised) test references, for sacreBLEU against the release's own files
     source = prepare_multi30k.find_raw(raw or os.path.join(out, "raw"), prepare_multi30k.SPLITS["test"], "en")
     steps.run("raw-references", [source], [raw_references(work)],
@@ -94,7 +95,7 @@ def prepare_wikitext2(work, data_dir, sizes, hints=True):
     argv = ["--out-dir", out]
     if sizes["max_train"] or sizes["max_eval"]:
         sliced = os.path.join(out, "slice")
-        steps = common.Steps(out)
+        steps = markers.Steps(out)
         for split, path in files.items():
             n = sizes["max_train"] if split == "train" else sizes["max_eval"]
             dst = os.path.join(sliced, f"{split}.txt")
@@ -106,8 +107,8 @@ def prepare_wikitext2(work, data_dir, sizes, hints=True):
     if hints:
         files = {s: prepare_wikitext.locate([raw], s) for s in ("train", "valid")}
         outputs = [os.path.join(bin_dir, f"{s}.hints.bin") for s in ("train", "valid")]
-        common.Steps(out).run("syntax-hints", list(files.values()), outputs,
-                              lambda: _hints(bin_dir, files["train"], files["valid"], None))
+        markers.Steps(out).run("syntax-hints", list(files.values()), outputs,
+                               lambda: _hints(bin_dir, files["train"], files["valid"], None))
     return bin_dir
 
 

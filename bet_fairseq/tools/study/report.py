@@ -19,11 +19,9 @@ from collections import Counter
 
 from bet_fairseq import catalog
 from bet_fairseq.files import atomic_write
-from . import archive
-from . import plan as P
-from . import runs as U
-from . import stats as S
-from . import twins
+from . import decomposition, machine, plan, stats, store
+from .words import (HIGHER_BETTER, METRIC_NAME, direction, interval, number, p_value, seeds_note, t_test_words,
+                    verdict)
 
 # The paper's Table 1: converged 6-layer Transformers (MT: IWSLT14 De-En decoder; LM: WikiText-2).
 PAPER_TABLE1 = {
@@ -43,73 +41,14 @@ METRIC_TEXT = {
             "references), higher is better",
     "ppl": "test perplexity (fairseq-eval-lm, blocks of 512 tokens), lower is better",
 }
-METRIC_NAME = {"sacrebleu_raw": "sacreBLEU", "bleu": "BLEU", "ppl": "perplexity"}
-HIGHER_BETTER = {"sacrebleu_raw": True, "bleu": True, "ppl": False}
 COLOURS = {"vanilla": "#444444", "diagfree": "#1f77b4", "bet_sf": "#d62728", "bet_sg": "#2ca02c",
            "vanilla+sentences": "#9467bd"}
 FIGURE45 = ("vanilla", "diagfree", "bet_sf")  # the paper's Figures 4 and 5: validation curves of these
 
 
-def _f(x, digits=2, sign=False):
-    if x is None:
-        return "-"
-    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
-
-def _p(p):
-    if p is None:
-        return "-"
-    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
-
-
-def _ci(c, digits=2, sign=False):
-    if c.get("mean") is None:
-        return "-"
-    if c.get("half_width") is None:
-        return f"{_f(c['mean'], digits, sign)} (1 seed)"
-    return f"{_f(c['mean'], digits, sign)} ± {c['half_width']:.{digits}f}"
-
-
-def _seeds(diff):
-    """How many seeds a difference is over, where its interval has not said it ("(1 seed)")."""
-    return f" ({len(diff['seeds'])} seeds)" if diff.get("half_width") is not None else ""
-
-
-def _direction(delta, metric):
-    if delta is None or delta == 0:
-        return "no change"
-    return "better" if (delta > 0) == HIGHER_BETTER[metric] else "worse"
-
-
-def verdict(diff, metric):
-    """A paired difference in words: resolved or not, and which way its mean points."""
-    if diff.get("mean") is None:
-        return "no paired seeds"
-    way = _direction(diff["mean"], metric)
-    if diff.get("half_width") is None:
-        return f"{way} on one seed (no interval)"
-    lo, hi = diff["mean"] - diff["half_width"], diff["mean"] + diff["half_width"]
-    if S.resolved(diff):
-        return f"{way}, resolved (95% seed interval [{lo:+.2f}, {hi:+.2f}] excludes 0)"
-    gain, loss = (hi, -lo) if HIGHER_BETTER[metric] else (-lo, hi)
-    return (f"not resolved (95% seed interval [{lo:+.2f}, {hi:+.2f}] includes 0; the mean points to {way}); "
-            f"what the seeds rule out: a gain above {gain:.2f} or a loss above {loss:.2f}")
-
-
-def t_test_words(diff, alpha=1 - S.LEVEL):
-    """The paired t-test in words, saying when an effect resolved by its own seed interval does not hold once
-    corrected for the several systems compared with the Transformer (Holm)."""
-    if diff.get("p") is None:
-        return ""
-    words = f"; paired t-test p = {_p(diff['p'])} (two-sided), Holm-adjusted {_p(diff.get('p_holm'))}"
-    if S.resolved(diff) and diff.get("p_holm") is not None and diff["p_holm"] >= alpha:
-        words += " (resolved by its own interval, not once corrected for the systems compared)"
-    return words
-
-
 def run_of(record):
     """The plan's Run a record was made by (its name and folder follow from it)."""
-    return P.Run(record["dataset"], record["row"], record["seed"], record.get("setting") or "")
+    return plan.Run(record["dataset"], record["row"], record["seed"], record.get("setting") or "")
 
 
 def system_of(record):
@@ -118,7 +57,7 @@ def system_of(record):
 
 def label_of(system):
     row, _, setting = system.partition("+")
-    return P.system_label(row, setting)
+    return plan.system_label(row, setting)
 
 
 def is_selection_run(system):
@@ -127,13 +66,13 @@ def is_selection_run(system):
 
 
 def dataset_order():
-    return list(P.DATASETS) + [k for k in catalog.DATASETS if k not in P.DATASETS]
+    return list(plan.DATASETS) + [k for k in catalog.DATASETS if k not in plan.DATASETS]
 
 
 def system_order(system):
     row, _, setting = system.partition("+")
-    settings = [""] + list(P.SETTINGS)
-    return (P.ALL_ROWS.index(row) if row in P.ALL_ROWS else len(P.ALL_ROWS), settings.index(setting)
+    settings = [""] + list(plan.SETTINGS)
+    return (plan.ALL_ROWS.index(row) if row in plan.ALL_ROWS else len(plan.ALL_ROWS), settings.index(setting)
             if setting in settings else len(settings))
 
 
@@ -155,19 +94,19 @@ def enrich(records, work):
     for r in records:
         # the run's folder under this work folder (the record's own "dir" is where it was made, maybe moved since)
         r = dict(r, system=system_of(r),
-                 dir=U.run_dir(work, run_of(r)))
+                 dir=store.run_dir(work, run_of(r)))
         if r.get("table1"):
             r["table1"] = os.path.join(r["dir"], os.path.basename(r["table1"]))
         log = os.path.join(r["dir"], "train.log")
         curves = parse_log(log) if os.path.exists(log) else {"train_nll": [], "valid_nll": []}
         r["curves"] = {"train_nll": curves["train_nll"], "valid_nll": curves["valid_nll"]}
-        r["plateau"] = S.plateau(curves["valid_nll"], P.PLATEAU["share"], P.PLATEAU["max_drop"])
+        r["plateau"] = stats.plateau(curves["valid_nll"], plan.PLATEAU["share"], plan.PLATEAU["max_drop"])
         r["best_valid_nll"] = min((v for _, v in curves["valid_nll"]), default=None)
         if catalog.dataset(r["dataset"]).kind == "mt":
             hyps = _lines(os.path.join(r["dir"], "hyp.detok.txt"))
             r["sacrebleu_raw"] = None
             if refs is not None and hyps is not None and len(hyps) == len(refs):
-                r["sacrebleu_raw"] = S.sacrebleu_metric().corpus_score(hyps, [refs]).score
+                r["sacrebleu_raw"] = stats.sacrebleu_metric().corpus_score(hyps, [refs]).score
         out.append(r)
     return out, refs
 
@@ -199,51 +138,63 @@ def summarise(records):
                 if values:
                     by_system[system] = {"label": label_of(system),
                                          "values": {str(s): v for s, v in sorted(values.items())},
-                                         "ci": S.mean_ci(list(values.values()))}
-            base = {int(s): v for s, v in by_system.get(P.BASELINE, {}).get("values", {}).items()}
+                                         "ci": stats.mean_ci(list(values.values()))}
+            base = {int(s): v for s, v in by_system.get(plan.BASELINE, {}).get("values", {}).items()}
             for system, entry in by_system.items():
                 row = system.partition("+")[0]
-                if system != P.BASELINE and base:
+                if system != plan.BASELINE and base:
                     mine = {int(s): v for s, v in entry["values"].items()}
-                    entry["diff"] = S.paired_difference(mine, base)
+                    entry["diff"] = stats.paired_difference(mine, base)
                     entry["verdict"] = verdict(entry["diff"], metric)
                 paper = catalog.row(row).paper.get(ds.paper) if system == row else None
-                paper_base = catalog.row(P.BASELINE).paper.get(ds.paper)
+                paper_base = catalog.row(plan.BASELINE).paper.get(ds.paper)
                 entry["paper"] = paper if ds.paper_comparable else None
                 entry["paper_diff"] = None if paper is None or paper_base is None else round(paper - paper_base, 2)
-            for system, control in P.CONTROLS.items():
+            for system, control in plan.CONTROLS.items():
                 if system in by_system and control in by_system:
                     theirs = {int(k): v for k, v in by_system[control]["values"].items()}
                     mine = {int(k): v for k, v in by_system[system]["values"].items()}
-                    diff = S.paired_difference(mine, theirs)
+                    diff = stats.paired_difference(mine, theirs)
                     by_system[system]["vs_control"] = {"control": control, "diff": diff,
                                                        "verdict": verdict(diff, metric)}
             family = {s: e["diff"]["p"] for s, e in by_system.items() if e.get("diff", {}).get("p") is not None}
-            for system, p in S.holm(family).items():
+            for system, p in stats.holm(family).items():
                 by_system[system]["diff"]["p_holm"] = p
             per_metric[metric] = by_system
         out[dkey] = per_metric
     return out
 
 
-def test_resampling(records, refs, resamples):
-    """Multi30k: per system, the test-resampling interval of its seed-averaged sacreBLEU difference to the
-    Transformer (the same resampled test sentences for every seed's pair)."""
-    out = {}
+def bleu_counts(records, refs):
+    """Translation: each run's sentence-level BLEU statistics against the raw references, by (dataset, system,
+    seed)."""
     if refs is None:
-        return out
+        return {}
     mt = [r for r in records if catalog.dataset(r["dataset"]).kind == "mt" and r.get("sacrebleu_raw") is not None
           and not is_selection_run(r["system"])]
-    stats = {(r["dataset"], r["system"], r["seed"]): S.bleu_statistics(_lines(os.path.join(r["dir"], "hyp.detok.txt")),
-                                                                       refs, lowercase=True) for r in mt}
-    for (dkey, system, _) in sorted({(d, s, 0) for d, s, _ in stats}, key=lambda k: system_order(k[1])):
-        if system == P.BASELINE:
-            continue
-        seeds = sorted(seed for d, s, seed in stats if (d, s) == (dkey, system) and (dkey, P.BASELINE, seed) in stats)
-        if seeds:
-            pairs = [(stats[(dkey, P.BASELINE, s)], stats[(dkey, system, s)]) for s in seeds]
-            out.setdefault(dkey, {})[system] = {**S.seed_averaged_bootstrap(pairs, resamples=resamples, seed=2022),
-                                                "seeds": seeds}
+    return {(r["dataset"], r["system"], r["seed"]): stats.bleu_statistics(
+        _lines(os.path.join(r["dir"], "hyp.detok.txt")), refs, lowercase=True) for r in mt}
+
+
+def resampled_difference(counts, dkey, system, against, resamples):
+    """The test-resampling interval of ``system - against``'s seed-averaged sacreBLEU difference over the seeds
+    both have (the same resampled test sentences for every seed's pair); None without such a seed."""
+    seeds = sorted(seed for d, s, seed in counts if (d, s) == (dkey, system) and (dkey, against, seed) in counts)
+    if not seeds:
+        return None
+    pairs = [(counts[(dkey, against, s)], counts[(dkey, system, s)]) for s in seeds]
+    return {**stats.seed_averaged_bootstrap(pairs, resamples=resamples, seed=2022), "seeds": seeds}
+
+
+def test_resampling(counts, resamples):
+    """Multi30k: per system, the test-resampling interval of its seed-averaged sacreBLEU difference to the
+    Transformer."""
+    out = {}
+    for (dkey, system, _) in sorted({(d, s, 0) for d, s, _ in counts}, key=lambda k: system_order(k[1])):
+        if system != plan.BASELINE:
+            r = resampled_difference(counts, dkey, system, plan.BASELINE, resamples)
+            if r is not None:
+                out.setdefault(dkey, {})[system] = r
     return out
 
 
@@ -258,11 +209,11 @@ def significance(records, refs, sc):
     for dkey in sorted({r["dataset"] for r in mt}):
         for seed in sorted({r["seed"] for r in mt if r["dataset"] == dkey}):
             here = {r["system"]: r for r in mt if r["dataset"] == dkey and r["seed"] == seed}
-            if P.BASELINE not in here or len(here) < 2:
+            if plan.BASELINE not in here or len(here) < 2:
                 continue
-            systems = {s: _lines(os.path.join(r["dir"], "hyp.detok.txt")) for s, r in here.items() if s != P.BASELINE}
-            base_hyps = _lines(os.path.join(here[P.BASELINE]["dir"], "hyp.detok.txt"))
-            tests = S.sacrebleu_paired_tests(base_hyps, systems, refs, sc.bootstrap_resamples, sc.ar_trials)
+            systems = {s: _lines(os.path.join(r["dir"], "hyp.detok.txt")) for s, r in here.items() if s != plan.BASELINE}
+            base_hyps = _lines(os.path.join(here[plan.BASELINE]["dir"], "hyp.detok.txt"))
+            tests = stats.sacrebleu_paired_tests(base_hyps, systems, refs, sc.bootstrap_resamples, sc.ar_trials)
             out["signatures"] = tests["signatures"]
             for system in sorted(systems, key=system_order):
                 t = dict(tests["systems"][system])
@@ -272,7 +223,7 @@ def significance(records, refs, sc):
                                      "score": t["score"], "delta": t["delta"], "bs_p": float(t["bs_p"]),
                                      "ar_p": float(t["ar_p"])})
     if mt:
-        metric = S.sacrebleu_metric()
+        metric = stats.sacrebleu_metric()
         metric.corpus_score(_lines(os.path.join(mt[0]["dir"], "hyp.detok.txt")), [refs])  # the signature needs a use
         out["signature_bleu"] = metric.get_signature().format()
     return out
@@ -281,19 +232,19 @@ def significance(records, refs, sc):
 def pointer_sweep(records, scale):
     """BET(SG)'s lambda_p x --pointer-heads points on Multi30k: best validation nll per point, averaged over the
     seeds every point has; the chosen point is the lowest (validation only, never test)."""
-    seeds_kept = set(range(1, P.SEEDS[scale]["sweep"] + 1))
+    seeds_kept = set(range(1, plan.SEEDS[scale]["sweep"] + 1))
     points = []
-    for lam in P.POINTER_LAMBDAS:
-        for heads in P.POINTER_HEADS:
-            system = P.system_name(*P.pointer_point(lam, heads))
+    for lam in plan.POINTER_LAMBDAS:
+        for heads in plan.POINTER_HEADS:
+            system = plan.system_name(*plan.pointer_point(lam, heads))
             values = {r["seed"]: r["best_valid_nll"] for r in records if r["dataset"] == "multi30k"
                       and r["system"] == system and r["seed"] in seeds_kept and r.get("best_valid_nll") is not None}
             points.append({"pointer_lambda": lam, "pointer_heads": heads, "system": system,
-                           "values": {str(s): v for s, v in sorted(values.items())}, "ci": S.mean_ci(list(values.values()))})
+                           "values": {str(s): v for s, v in sorted(values.items())}, "ci": stats.mean_ci(list(values.values()))})
     complete = [p for p in points if len(p["values"]) == len(seeds_kept)]
-    base = {r["seed"]: r["best_valid_nll"] for r in records if r["dataset"] == "multi30k" and r["system"] == P.BASELINE
+    base = {r["seed"]: r["best_valid_nll"] for r in records if r["dataset"] == "multi30k" and r["system"] == plan.BASELINE
             and r["seed"] in seeds_kept and r.get("best_valid_nll") is not None}
-    out = {"points": points, "seeds": sorted(seeds_kept), "transformer": S.mean_ci(list(base.values())),
+    out = {"points": points, "seeds": sorted(seeds_kept), "transformer": stats.mean_ci(list(base.values())),
            "default": dict(catalog.POINTER_DEFAULT), "complete": len(complete) == len(points)}
     if out["complete"]:  # a choice among some of the points could change when the others finish
         best = min(complete, key=lambda p: p["ci"]["mean"])
@@ -302,13 +253,23 @@ def pointer_sweep(records, scale):
     return out
 
 
+def decomposition_contrasts(summary, counts, resamples):
+    """BET(SF) taken apart (``decomposition.py``) on each dataset's main metric."""
+    def resample(dkey, system, against):
+        if METRICS[catalog.dataset(dkey).kind][0] != "sacrebleu_raw":
+            return None
+        return resampled_difference(counts, dkey, system, against, resamples)
+
+    return decomposition.compute(summary, lambda d: METRICS[catalog.dataset(d).kind][0], resample)
+
+
 def diag_sweep(summary, metric="sacrebleu_raw"):
     """Figure 3's points on Multi30k: the diagonal scale -> the metric's mean and interval, and the difference to
     the Transformer paired by seed (None for c = 1, the Transformer); DiagFreeMask apart."""
     by_system = summary.get("multi30k", {}).get(metric, {})
     points = []
-    for c in P.DIAG_SCALES:
-        system = P.system_name(*P.diag_point(c))
+    for c in plan.DIAG_SCALES:
+        system = plan.system_name(*plan.diag_point(c))
         if system in by_system:
             points.append({"scale": c, "system": system, "ci": by_system[system]["ci"],
                            "values": by_system[system]["values"], "diff": by_system[system].get("diff")})
@@ -335,8 +296,8 @@ def diag_sweep_words(points):
     if not paired:
         return "No point has a seed in common with the Transformer yet."
     seeds = ", ".join(f"c = {p['scale']:g}: {p['ci']['n']}" for p in points)
-    diffs = ", ".join(f"c = {p['scale']:g} {_ci(p['diff'], sign=True)}" for p in paired)
-    resolved = [f"c = {p['scale']:g}" for p in paired if S.resolved(p["diff"])]
+    diffs = ", ".join(f"c = {p['scale']:g} {interval(p['diff'], sign=True)}" for p in paired)
+    resolved = [f"c = {p['scale']:g}" for p in paired if stats.resolved(p["diff"])]
     verdict = (f"resolved (interval excluding 0): {', '.join(resolved)}." if resolved else
                "none is resolved: these seeds do not tell the scales from the Transformer.")
     return (f"Seeds per point: {seeds}. The means are over different seeds; against the Transformer on the same "
@@ -352,32 +313,19 @@ def table1(records):
     return out
 
 
-def machine():
+def machine_info():
     info = {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-            "processor": U.processor(), "gpu": U.gpu_name()}
+            "processor": machine.processor(), "gpu": machine.gpu_name()}
     for name in ("torch", "fairseq", "sacrebleu", "numpy"):
         try:
             info[name] = __import__(name).__version__
         except Exception:  # pragma: no cover
             info[name] = None
-    info["commit"] = U.code_commit()
+    info["commit"] = machine.code_commit()
     return info
 
 
 # ----------------------------------------------------------------------------- figures
-
-
-def _band(ax, curves, colour, label):
-    """Mean over seeds of curves on their common updates, with the band of the seeds' minimum to maximum."""
-    import numpy as np
-
-    common = sorted(set.intersection(*[{u for u, _ in c} for c in curves])) if curves else []
-    if not common:
-        return
-    values = np.array([[dict(c)[u] for u in common] for c in curves])
-    ax.plot(common, values.mean(0), color=colour, label=f"{label} ({len(curves)} seed{'s' if len(curves) > 1 else ''})", marker="." if len(common) < 30 else None)
-    if len(curves) > 1:
-        ax.fill_between(common, values.min(0), values.max(0), color=colour, alpha=0.2, linewidth=0)
 
 
 def _colour(system, k):
@@ -386,27 +334,18 @@ def _colour(system, k):
     return COLOURS.get(system) or pyplot().get_cmap("tab10").colors[k % 10]
 
 
-def plot_curves(records, out, systems_of_dataset, name, title, splits=("train_nll", "valid_nll")):
-    from ..figures import pyplot, save_png
+def plot_loss_figures(records, out, systems_of_dataset, name, title, splits=("train_nll", "valid_nll")):
+    """Per dataset, ``name``_DATASET.png: the token-loss curves of its systems, mean over seeds with a band."""
+    from ..results.curves import plot_curves as plot
 
-    plt = pyplot()
     paths = []
     for dkey, systems in systems_of_dataset.items():
-        if not systems:
-            continue
-        fig, axes = plt.subplots(1, len(splits), figsize=(5.8 * len(splits), 4.2), squeeze=False)
-        for ax, split in zip(axes[0], splits):
-            for k, system in enumerate(systems):
-                curves = [r["curves"][split] for r in records if r["dataset"] == dkey and r["system"] == system
-                          and r["curves"][split]]
-                _band(ax, curves, _colour(system, k), label_of(system))
-            ax.set_xlabel("updates")
-            ax.set_ylabel(f"{'training' if split.startswith('train') else 'validation'} token loss (nll, bits)")
-            ax.grid(alpha=0.3)
-        axes[0][-1].legend(fontsize=7)
-        fig.suptitle(f"{catalog.dataset(dkey).label}: {title}", fontsize=10)
-        fig.tight_layout()
-        paths.append(save_png(fig, os.path.join(out, f"{name}_{dkey}.png")))
+        if systems:
+            groups = [(label_of(system), [r["curves"] for r in records if r["dataset"] == dkey
+                                          and r["system"] == system], _colour(system, k))
+                      for k, system in enumerate(systems)]
+            paths.append(plot(groups, os.path.join(out, f"{name}_{dkey}.png"), f"{catalog.dataset(dkey).label}: "
+                              f"{title}", splits=splits, quantity="token loss (nll, bits)", count_seeds=True))
     return paths
 
 
@@ -432,7 +371,7 @@ def plot_differences(summary, resampled, out):
                 ax.errorbar(d["mean"], y, xerr=d["half_width"], fmt="o", color=colour, capsize=4, linewidth=2.2)
             else:
                 ax.plot(d["mean"], y, "o", color=colour)
-            base = summary[dkey][metric][P.BASELINE]["values"]
+            base = summary[dkey][metric][plan.BASELINE]["values"]
             seeds = [e["values"][s] - base[s] for s in e["values"] if s in base]
             ax.plot(seeds, [y + 0.18] * len(seeds), ".", color=colour, alpha=0.5, markersize=4)
             r = resampled.get(dkey, {}).get(system)
@@ -502,7 +441,7 @@ def plot_pointer_sweep(sweep, out):
         return None
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for k, heads in enumerate(P.POINTER_HEADS):
+    for k, heads in enumerate(plan.POINTER_HEADS):
         pts = [p for p in sweep["points"] if p["pointer_heads"] == heads and p["values"]]
         ax.errorbar([p["pointer_lambda"] for p in pts], [p["ci"]["mean"] for p in pts],
                     yerr=[p["ci"]["half_width"] or 0.0 for p in pts], fmt="o-", capsize=4, label=f"--pointer-heads {heads}",
@@ -512,8 +451,8 @@ def plot_pointer_sweep(sweep, out):
         ax.axhline(t["mean"], color="#444444", linestyle="--", linewidth=1, label="Transformer")
     ax.set_xscale("log")
     ax.minorticks_off()
-    ax.set_xticks(P.POINTER_LAMBDAS)
-    ax.set_xticklabels([f"{lam:g}" for lam in P.POINTER_LAMBDAS])
+    ax.set_xticks(plan.POINTER_LAMBDAS)
+    ax.set_xticklabels([f"{lam:g}" for lam in plan.POINTER_LAMBDAS])
     ax.set_xlabel("lambda_p")
     ax.set_ylabel(f"best validation nll (bits), mean over seeds {', '.join(map(str, sweep['seeds']))}")
     ax.set_title("BET(SG) on Multi30k: the pointer-loss sweep (validation only)", fontsize=9)
@@ -523,56 +462,31 @@ def plot_pointer_sweep(sweep, out):
     return save_png(fig, os.path.join(out, "pointer_sweep.png"))
 
 
-def heatmap_attention(records, work):
+def heatmap_attention(records):
     """Per analysed row (seed 1 on Multi30k), the decoder self-attention of one validation sentence, mean over
-    heads, every layer: ``{"tokens", "index", "final", "first_pass"}``. Read from the run's ``attention.json``
-    (kept with the archived run), else computed from its checkpoint_best.pt and kept there; None when a row has
-    neither."""
-    found = {r["row"]: r for r in records if r["dataset"] == "multi30k" and r["system"] in P.ANALYSED and r["seed"] == 1}
-    if set(found) != set(P.ANALYSED):
+    heads, every layer (``{"tokens", "index", "final", "first_pass"}``), as the run made it (``derived.py``: its
+    ``attention.json``, kept with the archived run); None when a row has none or the rows' sentences differ."""
+    found = {r["row"]: r for r in records if r["dataset"] == "multi30k" and r["system"] in plan.ANALYSED
+             and r["seed"] == 1}
+    if set(found) != set(plan.ANALYSED):
         return None
-    attention = {row: archive.read_attention(found[row]["dir"]) for row in P.ANALYSED}
-    if any(a is None and not os.path.exists(os.path.join(found[row]["dir"], "checkpoint_best.pt"))
-           for row, a in attention.items()):
+    attention = {row: store.read_attention(found[row]["dir"]) for row in plan.ANALYSED}
+    if any(a is None for a in attention.values()) or len({a["index"] for a in attention.values()}) != 1:
         return None
-    kept = [a for a in attention.values() if a is not None]
-    if len(kept) == len(attention) and len({a["index"] for a in kept}) == 1:
-        return attention
-    import torch
-
-    from bet_fairseq.tools import markers
-    from ..analysis.loading import load_checkpoint, load_split, sample_from_index
-    from ..analysis.topk import sentence_attention
-
-    data = os.path.join(work, "multi30k", "data-bin")
-    index = kept[0]["index"] if kept else None
-    with U.quiet_logging(), torch.no_grad():
-        for row in P.ANALYSED:
-            if attention[row] is not None and attention[row]["index"] == index:
-                continue
-            loaded = load_checkpoint(os.path.join(found[row]["dir"], "checkpoint_best.pt"), data, cpu=True)
-            if index is None:
-                sizes = load_split(loaded, "valid").tgt_sizes
-                index = next((i for i, n in enumerate(sizes) if 8 <= n <= 12), 0)
-            att = sentence_attention(loaded, sample_from_index(loaded, "valid", index))
-            head_mean = {k: None if att[k] is None else [[[round(float(x), 5) for x in q] for q in m.mean(0)]
-                                                         for m in att[k]] for k in ("final", "first_pass")}
-            attention[row] = markers.write(archive.attention_path(found[row]["dir"]),
-                                           {"split": "valid", "index": index, "tokens": att["input"], **head_mean})
     return attention
 
 
-def plot_heatmap(records, work, out):
+def plot_heatmap(records, out):
     """The Transformer's A, BET(SF)'s first pass A and its final A' of one validation sentence (mean over heads,
     every decoder layer), seed 1 of each; (path, what it shows) or (None, None) when their attention is absent."""
     import numpy as np
 
     from ..analysis.plots import heatmap_grid
 
-    attention = heatmap_attention(records, work)
+    attention = heatmap_attention(records)
     if attention is None:
         return None, None
-    base, bet = attention[P.BASELINE], attention[P.HEADLINE]
+    base, bet = attention[plan.BASELINE], attention[plan.HEADLINE]
     grid = [[(f"Transformer A, layer {i + 1}", np.array(base["final"][i])),
              (f"BET(SF) first pass A, layer {i + 1}", np.array(bet["first_pass"][i])),
              (f"BET(SF) final A', layer {i + 1}", np.array(bet["final"][i]))] for i in range(len(base["final"]))]
@@ -596,11 +510,11 @@ def _table1_md(t1, kind):
             name = catalog.row(row).label + (" (first pass A)" if matrix == "first_pass" else
                                              " (A')" if row == "bet_sf" else "")
             for stat in ("CA", "HA_mean", "Ratio"):
-                cells = [_f(layer[stat], 4 if stat != "Ratio" else 2) if layer else "-" for layer in layers]
+                cells = [number(layer[stat], 4 if stat != "Ratio" else 2) if layer else "-" for layer in layers]
                 lines.append(f"| {name} | {stat.replace('_mean', '(mean)')} | " + " | ".join(
                     cells + ["-"] * (n - len(cells))) + " |")
     for stat in ("CA", "HA_mean", "Ratio"):
-        cells = [_f(v, 4 if stat != "Ratio" else 2) for v in paper[stat]]
+        cells = [number(v, 4 if stat != "Ratio" else 2) for v in paper[stat]]
         lines.append(f"| paper's Transformer (6 layers, converged) | {stat.replace('_mean', '(mean)')} | "
                      + " | ".join(cells + ["-"] * (n - len(cells))) + " |")
     return lines
@@ -612,14 +526,14 @@ def _comparisons(data):
         ds = catalog.dataset(dkey)
         main = METRICS[ds.kind][0]
         for system, entry in per_metric[main].items():
-            if system == P.BASELINE or "verdict" not in entry:
+            if system == plan.BASELINE or "verdict" not in entry:
                 continue
             d = entry["diff"]
             agree = ""
             pd = entry.get("paper_diff")
             if pd is not None and d.get("mean") is not None:
-                paper_way, ours = _direction(pd, main), _direction(d["mean"], main)
-                state = "resolved" if S.resolved(d) else "not resolved"
+                paper_way, ours = direction(pd, main), direction(d["mean"], main)
+                state = "resolved" if stats.resolved(d) else "not resolved"
                 agree = (f"; the paper's {'IWSLT14 ' if not ds.paper_comparable else ''}difference ({pd:+.2f} "
                          f"{'BLEU' if ds.kind == 'mt' else METRIC_NAME[main]}) is {paper_way}, ours "
                          + ("shows no change" if ours == "no change" else
@@ -628,20 +542,20 @@ def _comparisons(data):
             r = data["test_resampling"].get(dkey, {}).get(system)
             if r is not None and main == "sacrebleu_raw":
                 tests += f"; test-resampling 95% interval [{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]"
-            L.append(f"- {ds.label}, {entry['label']} vs Transformer: {_ci(d, sign=True)} {METRIC_NAME[main]}"
-                     f"{_seeds(d)}: {entry['verdict']}{tests}{agree}.")
+            L.append(f"- {ds.label}, {entry['label']} vs Transformer: {interval(d, sign=True)} {METRIC_NAME[main]}"
+                     f"{seeds_note(d)}: {entry['verdict']}{tests}{agree}.")
             c = entry.get("vs_control")
             if c:
                 L.append(f"- {ds.label}, {entry['label']} vs {label_of(c['control'])} (like for like: both trained on "
-                         f"sentences, evaluated on blocks): {_ci(c['diff'], sign=True)} {METRIC_NAME[main]}"
-                         f"{_seeds(c['diff'])}: {c['verdict']}; paired t-test p = {_p(c['diff'].get('p'))} "
+                         f"sentences, evaluated on blocks): {interval(c['diff'], sign=True)} {METRIC_NAME[main]}"
+                         f"{seeds_note(c['diff'])}: {c['verdict']}; paired t-test p = {p_value(c['diff'].get('p'))} "
                          "(two-sided, not in the Holm family).")
     return L
 
 
 def markdown(data):
     scale, summary, records = data["scale"], data["summary"], data["runs"]
-    sc = P.SCALE_TABLE[scale]
+    sc = plan.SCALE_TABLE[scale]
     m = data["machine"]
     figures = set(data.get("figures", []))
     L = [f"# Reproduction study: {', '.join(catalog.dataset(d).label for d in summary) or 'no runs yet'} ({scale} scale)",
@@ -669,7 +583,7 @@ def markdown(data):
     L += _comparisons(data)
     plateau = [r for r in records if r.get("plateau")]
     met = [r for r in plateau if r["plateau"]["met"]]
-    L.append(f"- Plateau criterion ({P.PLATEAU_TEXT}): met by {len(met)} of {len(records)} runs"
+    L.append(f"- Plateau criterion ({plan.PLATEAU_TEXT}): met by {len(met)} of {len(records)} runs"
              + ("; not met: " + ", ".join(_plateau_miss(r) for r in plateau if not r["plateau"]["met"])
                 if len(met) < len(plateau) else "")
              + (f"; {len(records) - len(plateau)} without a curve" if len(plateau) < len(records) else "") + ".")
@@ -693,6 +607,12 @@ def markdown(data):
     if "differences.png" in figures:
         L.append("- `differences.png`: each system minus the Transformer, paired by seed. It shows the size of each "
                  "difference against both intervals; it does not show absolute quality (the tables do).")
+    if any(f.startswith("decomposition_") for f in figures):
+        L.append("- `decomposition_*.png`: BET(SF)'s four cells (with and without the DiagFreeMask, with and without "
+                 "the re-weighting by R), each over its own seeds, and their differences paired by seed, the two "
+                 "contrasts last, with the paper's difference as a cross. It shows how BET(SF)'s effect at this scale "
+                 "splits between its two changes; the paper's crosses are at the paper's scale (on Multi30k, its "
+                 "IWSLT14 De-En numbers).")
     if "figure3_diag_scale.png" in figures:
         L.append("- `figure3_diag_scale.png` (the paper's Figure 3 at this scale): test sacreBLEU against the "
                  "diagonal scale c (left: each point's mean over its own seeds; right: each point minus the "
@@ -729,16 +649,16 @@ def markdown(data):
             L.append("|---|---|---|---|---|---|---|---|---|")
             for system, e in by_system.items():
                 d = e.get("diff", {})
-                diff = "(baseline)" if system == P.BASELINE else (
-                    _ci(d, sign=True) + (" (not resolved)" if S.resolved(d) is False else "") if d else "-")
+                diff = "(baseline)" if system == plan.BASELINE else (
+                    interval(d, sign=True) + (" (not resolved)" if stats.resolved(d) is False else "") if d else "-")
                 r = data["test_resampling"].get(dkey, {}).get(system) if metric == "sacrebleu_raw" else None
                 rs = f"[{r['ci'][0]:+.2f}, {r['ci'][1]:+.2f}]" if r else "-"
-                paper = _f(e["paper"]) if e.get("paper") is not None else ("n/a" if not ds.paper_comparable else "-")
-                pd = "-" if system == P.BASELINE else (
-                    _f(e["paper_diff"], sign=True) + ("" if ds.paper_comparable else " (IWSLT14 De-En)")
+                paper = number(e["paper"]) if e.get("paper") is not None else ("n/a" if not ds.paper_comparable else "-")
+                pd = "-" if system == plan.BASELINE else (
+                    number(e["paper_diff"], sign=True) + ("" if ds.paper_comparable else " (IWSLT14 De-En)")
                     if e.get("paper_diff") is not None else "-")
-                L.append(f"| {e['label']} | {len(e['values'])} ({', '.join(e['values'])}) | {_ci(e['ci'])} | {diff} | "
-                         f"{_p(d.get('p'))} | {_p(d.get('p_holm'))} | {rs} | {paper} | {pd} |")
+                L.append(f"| {e['label']} | {len(e['values'])} ({', '.join(e['values'])}) | {interval(e['ci'])} | {diff} | "
+                         f"{p_value(d.get('p'))} | {p_value(d.get('p_holm'))} | {rs} | {paper} | {pd} |")
             L.append("")
         sig = data["significance"]
         pairs = [p for p in sig.get("pairs", []) if p["dataset"] == dkey]
@@ -753,7 +673,7 @@ def markdown(data):
                   "randomisation) |", "|---|---|---|---|---|---|---|"]
             for p in pairs:
                 L.append(f"| {label_of(p['system'])} | {p['seed']} | {p['baseline']:.2f} | {p['score']:.2f} | "
-                         f"{p['delta']:+.2f} | {_p(p['bs_p'])} | {_p(p['ar_p'])} |")
+                         f"{p['delta']:+.2f} | {p_value(p['bs_p'])} | {p_value(p['ar_p'])} |")
             L.append("")
         if dkey in data.get("table1", {}):
             t1 = data["table1"][dkey]
@@ -764,6 +684,7 @@ def markdown(data):
                               (f"curves_{dkey}.png", "token loss of every system")):
             if name in figures:
                 L += [f"![{ds.label}: {caption}]({name})", ""]
+    L += decomposition.markdown(data.get("decomposition") or {}, figures)
     if "differences.png" in figures:
         L += ["## Differences to the Transformer", "", "![paired differences](differences.png)", ""]
     if "figure3_diag_scale.png" in figures:
@@ -771,11 +692,11 @@ def markdown(data):
     if sweep:
         L += ["## BET(SG): lambda_p and --pointer-heads, chosen on validation", "",
               f"Best validation nll (bits, without lambda_p L_p) over the seeds {', '.join(map(str, sweep['seeds']))}; "
-              f"Transformer: {_ci(sweep['transformer'], 3)}.", "",
+              f"Transformer: {interval(sweep['transformer'], 3)}.", "",
               "| lambda_p | --pointer-heads | seeds | best validation nll ± 95% CI |", "|---|---|---|---|"]
         for p in sweep["points"]:
             chosen = sweep.get("chosen") == {"pointer_lambda": p["pointer_lambda"], "pointer_heads": p["pointer_heads"]}
-            L.append(f"| {p['pointer_lambda']:g} | {p['pointer_heads']} | {len(p['values'])} | {_ci(p['ci'], 3)}"
+            L.append(f"| {p['pointer_lambda']:g} | {p['pointer_heads']} | {len(p['values'])} | {interval(p['ci'], 3)}"
                      f"{' (chosen)' if chosen else ''} |")
         L.append("")
         if "pointer_sweep.png" in figures:
@@ -787,7 +708,7 @@ def markdown(data):
     # ---------------------------------------------------------------- settings and runs
     L += ["## Settings, and where they depart from the paper's", ""]
     L += [f"- {note}" for note in sc.departures] + [""]
-    L += ["## Runs", "", f"Plateau: {P.PLATEAU_TEXT}; nll at the cut and at the end, in bits.", "",
+    L += ["## Runs", "", f"Plateau: {plan.PLATEAU_TEXT}; nll at the cut and at the end, in bits.", "",
           "| dataset | system | seed | updates | value | valid nll (cut -> end) | drop | plateau | train CPU s | "
           "eval CPU s | wall s | resumed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
@@ -795,10 +716,10 @@ def markdown(data):
         cut = (f"{pl['from']:.3f} @ {pl['from_update']} -> {pl['to']:.3f} @ {pl['to_update']}" if pl else "-")
         drop = f"{100 * pl['relative_drop']:.2f}%" if pl else "-"
         cpu = r.get("cpu_time_s") or {}
-        copy = f" (a copy of {r[twins.COPIED_FROM]}: the same commands)" if twins.is_copy(r) else ""
+        copy = f" (a copy of {r[store.COPIED_FROM]}: the same commands)" if store.is_copy(r) else ""
         L.append(f"| {r['dataset']} | {label_of(r['system'])}{copy} | {r['seed']} | {r.get('num_updates')} | "
-                 f"{_f(r['value'])} | {cut} | {drop} | {'yes' if pl and pl['met'] else 'no' if pl else '-'} | "
-                 f"{_f(cpu.get('train'), 0)} | {_f(cpu.get('eval'), 0)} | {_f(U.run_seconds(r), 0)} | "
+                 f"{number(r['value'])} | {cut} | {drop} | {'yes' if pl and pl['met'] else 'no' if pl else '-'} | "
+                 f"{number(cpu.get('train'), 0)} | {number(cpu.get('eval'), 0)} | {number(store.run_seconds(r), 0)} | "
                  f"{'yes' if r.get('resumed') else 'no'} |")
     codes = sorted({r.get("code") or "unknown" for r in records})
     L += ["", "Commands: `results.json` holds each run's fairseq-train and evaluation command lines. Runs made by "
@@ -826,33 +747,38 @@ def write(out, scale, records, work, command, prepare_s, invocation_s, missing, 
     """Write results.json, the PNGs and REPORT.md into ``out``; returns the report's path. ``missing``: per part,
     the names of its runs not finished."""
     os.makedirs(out, exist_ok=True)
-    sc = P.SCALE_TABLE[scale]
+    sc = plan.SCALE_TABLE[scale]
     records = sorted(records, key=lambda r: (dataset_order().index(r["dataset"]), system_order(system_of(r)),
                                              r["seed"]))
     records, refs = enrich(records, work)
-    trained = [r for r in records if not twins.is_copy(r)]  # a copy's time is its twin's
+    trained = [r for r in records if not store.is_copy(r)]  # a copy's time is its twin's
     summary = summarise(records)
+    counts = bleu_counts(records, refs)
     data = {
         "scale": scale, "command": command,
         "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(), "plateau_criterion": dict(P.PLATEAU, text=P.PLATEAU_TEXT),
-        "summary": summary, "test_resampling": test_resampling(records, refs, sc.bootstrap_resamples),
+        "machine": machine_info(), "plateau_criterion": dict(plan.PLATEAU, text=plan.PLATEAU_TEXT),
+        "summary": summary, "test_resampling": test_resampling(counts, sc.bootstrap_resamples),
         "significance": significance(records, refs, sc), "pointer_sweep": pointer_sweep(records, scale),
-        "diag_sweep": diag_sweep(summary), "table1": table1(records), "runs": records, "missing": missing,
-        "time": {"runs_s": round(sum(U.run_seconds(r) for r in trained), 1),
+        "diag_sweep": diag_sweep(summary), "table1": table1(records),
+        "decomposition": decomposition_contrasts(summary, counts, sc.bootstrap_resamples),
+        "runs": records, "missing": missing,
+        "time": {"runs_s": round(sum(store.run_seconds(r) for r in trained), 1),
                  "runs_cpu_s": round(sum(v or 0 for r in trained for v in (r.get("cpu_time_s") or {}).values()), 1),
                  "prepare_s": round(prepare_s, 1), "invocation_s": round(invocation_s, 1)},
         "figures": [],
     }
     if plots and records:
         tables = {d: [s for s in summary[d][METRICS[catalog.dataset(d).kind][0]]] for d in summary}
-        figures = plot_curves(records, out, tables, "curves", "token loss (nll) of every system by update")
-        figures += plot_curves(records, out, {d: [s for s in FIGURE45 if s in v] for d, v in tables.items()},
+        figures = plot_loss_figures(records, out, tables, "curves", "token loss (nll) of every system by update")
+        figures += plot_loss_figures(records, out, {d: [s for s in FIGURE45 if s in v] for d, v in tables.items()},
                                "figure45", "validation token loss (the paper's Figures 4-5 at this scale)",
                                splits=("valid_nll",))
         figures += [plot_differences(summary, data["test_resampling"], out), plot_diag_sweep(data["diag_sweep"], out),
                     plot_pointer_sweep(data["pointer_sweep"], out)]
-        heatmap, data["heatmap"] = plot_heatmap(records, work, out)
+        figures += [decomposition.plot(d, part, out, METRIC_NAME[part["metric"]], HIGHER_BETTER[part["metric"]])
+                    for d, part in data["decomposition"].items()]
+        heatmap, data["heatmap"] = plot_heatmap(records, out)
         figures.append(heatmap)
         data["figures"] = [os.path.basename(p) for p in figures if p]
     with atomic_write(os.path.join(out, "results.json")) as f:
