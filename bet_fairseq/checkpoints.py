@@ -21,7 +21,7 @@ import contextvars
 import hashlib
 import os
 
-from .errors import InputError
+from .errors import InputError, check_writable_folder
 
 DIGEST_KEY = "bet_fairseq_model_sha256"
 # fairseq's SinusoidalPositionalEmbedding keeps an uninitialised one-element placeholder (used only for
@@ -168,3 +168,15 @@ def digesting_saver(torch_persistent_save):
     wrapper._bet_adds_digest = True
     wrapper.__wrapped__ = torch_persistent_save
     return wrapper
+
+
+def checked_save_dir(verify):
+    """fairseq-train's ``verify_checkpoint_directory`` after a check that names --save-dir (fairseq's own check is
+    an OSError traceback: a --save-dir under a file, or not writable)."""
+
+    def verify_checkpoint_directory(save_dir):
+        check_writable_folder(save_dir, "--save-dir")
+        return verify(save_dir)
+
+    verify_checkpoint_directory._bet_checks_save_dir = True
+    return verify_checkpoint_directory

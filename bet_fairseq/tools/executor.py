@@ -27,10 +27,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from bet_fairseq import catalog, recipes
 from bet_fairseq.catalog import Flags
+from bet_fairseq.errors import ToolError
 
 
-class RunFailed(RuntimeError):
-    """A fairseq run that exited non-zero or produced no result; the message names its log."""
+class RunFailed(ToolError, RuntimeError):
+    """A fairseq run that exited non-zero or produced no result; the message names its log (one line and exit
+    status 1 at the top of a command, ``errors.run_tool``)."""
 
 
 TOOLS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate",
