@@ -48,6 +48,8 @@ def read_input(args, orig):
     else:
         with open(path, "rb") as f:
             data = f.read()
+    if not data:
+        raise PrepareError(f"{option} {path} is empty: give the enwik8 file (or enwik8.zip)")
     return path, data
 
 

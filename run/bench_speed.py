@@ -704,6 +704,8 @@ def main(argv=None):
     p.add_argument("--json", help="also write all figures to this JSON file")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.reps is not None and args.reps < 1:  # checked before the default below, which would take 0 for "unset"
+        p.error("--reps must be >= 1")
     args.reps = args.reps or (1 if args.quick else 5)
     if args.size in LM_SIZES:
         args.blocks = [int(b) for b in (args.block or ("128" if args.quick else "512")).split(",")][:1 if args.quick

@@ -158,7 +158,7 @@ COMMANDS = {
     "wikitext-workers-zero": (lambda w, t: wikitext(w, t, "--workers", "0"), 2, r"--workers must be"),
     "enwik8-input-folder": (lambda w, t: enwik8(w, t, "--input", t), 2, r"--input .* is a folder"),
     "enwik8-input-missing": (lambda w, t: enwik8(w, t, "--input", t / "nope"), 2, r"--input .*nope: no such file"),
-    "enwik8-input-empty": (lambda w, t: enwik8(w, t, "--input", touch(t / "e")), 2, r"the input has 0 bytes"),
+    "enwik8-input-empty": (lambda w, t: enwik8(w, t, "--input", touch(t / "e")), 2, r"--input .*e is empty"),
     "enwik8-valid-bytes-negative": (lambda w, t: enwik8(w, t, "--valid-bytes", "-5"), 2, r"--valid-bytes must be"),
     "enwik8-split-too-big": (lambda w, t: enwik8(w, t, "--valid-bytes", "2000", "--test-bytes", "2000"), 2,
                              r"--valid-bytes/--test-bytes: 3,000 bytes cannot hold"),
@@ -240,7 +240,43 @@ COMMANDS = {
                                   r"--work-dir .*: is a file"),
     "reproduce-data-dir-missing": (lambda w, t: (None, study.main, ["--scale", "smoke", "--data-dir", t / "nope",
                                                                    "--dry-run"]), 2, r"--data-dir .*nope is not a folder"),
+    "reproduce-data-dir-empty": (lambda w, t: (None, study.main, ["--scale", "smoke", "--data-dir", t, "--only",
+                                                                 "vanilla", "--dataset", "multi30k", "--max-seeds", "1",
+                                                                 "--work-dir", t / "w", "--out", t / "o", "--no-plots"]),
+                                 2, r"--data-dir .* has no multi30k/ folder"),
+    "hints-testpref-missing": (lambda w, t: hints(w, t, "--trainpref", os.path.join(w["text"], "train"), "--testpref",
+                                                  t / "nope"), 2, r"test: target text not found: .*nope"),
+    # run/demo_side_by_side.py (checked before any data step, training or removal)
+    "demo-max-update-zero": (lambda w, t: demo(t, "--max-update", "0"), 2, r"--max-update must be .* > 0, got 0"),
+    "demo-max-train-negative": (lambda w, t: demo(t, "--max-train", "-5"), 2, r"--max-train must be .* >= 0, got -5"),
+    "demo-max-eval-negative": (lambda w, t: demo(t, "--max-eval", "-1"), 2, r"--max-eval must be"),
+    "demo-bpe-merges-zero": (lambda w, t: demo(t, "--bpe-merges", "0"), 2, r"--bpe-merges must be"),
+    "demo-max-tokens-zero": (lambda w, t: demo(t, "--max-tokens", "0"), 2, r"--max-tokens must be"),
+    "demo-lr-negative": (lambda w, t: demo(t, "--lr", "-1"), 2, r"--lr must be"),
+    "demo-warmup-negative": (lambda w, t: demo(t, "--warmup", "-1"), 2, r"--warmup must be"),
+    "demo-data-dir-missing": (lambda w, t: demo(t, "--data-dir", t / "nope"), 2, r"--data-dir .*nope is not a folder"),
+    "demo-work-dir-file": (lambda w, t: demo(t, "--work-dir", touch(t / "f")), 2, r"--work-dir .*: is a file"),
+    "demo-bad-option-keeps-ckpts": (lambda w, t: demo(t, "--max-update", "0", "--work-dir", demo_run(t)), 2,
+                                    r"--max-update must be"),
 }
+
+
+def demo(t, *extra):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_side_by_side", os.path.join(ROOT, "run", "demo_side_by_side.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = ["--data-dir", t, "--work-dir", t / "w", *extra]
+    return (None, module.main, argv)
+
+
+def demo_run(t):
+    """A demo work folder with a trained model's checkpoint (which a bad option must leave in place)."""
+    save = t / "w" / "checkpoints" / "bet_sf"
+    save.mkdir(parents=True)
+    (save / "checkpoint_last.pt").write_bytes(b"weights")
+    return t / "w"
 
 
 def other_run(t, checkpoint=True):
@@ -274,6 +310,8 @@ def test_a_command_given_bad_input_says_so_in_one_line(case, w, tmp_path, capsys
     got, last = command(prog, main, argv, capsys)
     assert (got, bool(re.search(line, last))) == (status, True), last
     assert "Traceback" not in last
+    if case == "demo-bad-option-keeps-ckpts":
+        assert (tmp_path / "w" / "checkpoints" / "bet_sf" / "checkpoint_last.pt").read_bytes() == b"weights"
     assert (tree(w["finished"]["wikitext-2"]), tree(w["finished"]["iwslt14_de_en"])) == before  # nothing replaced
 
 
@@ -285,6 +323,13 @@ TRAIN = {
                                  r"--save-dir .*: would be under the file"),
     "train-finetune-vanilla-into-bet": (["--arch", "bet_sf_iwslt", *TINY, "--finetune-from-model", "{vanilla}"],
                                         r"checkpoint has no .*bet_w.*trained with another --self-attn-mode"),
+    "train-diag-scale-negative": (["--arch", "diag_scale_iwslt", *TINY, "--diag-scale", "-1"],
+                                  r"--diag-scale must be a finite number >= 0"),
+    "train-resume-other-arch": (["--arch", "bet_sf_iwslt", *TINY, "--save-dir", "{resume}"],
+                                r"checkpoint has no .*bet_w.*trained with another --self-attn-mode"),
+    "train-pointer-criterion-vanilla": (["--arch", "vanilla_iwslt", *TINY, "--criterion",
+                                         "label_smoothed_cross_entropy_with_pointer"],
+                                        r"pointer loss needs the syntax hints .* --task translation has none"),
     "train-self-attn-mode-bogus": (["--arch", "vanilla_iwslt", *TINY, "--self-attn-mode", "nope"],
                                    r"--self-attn-mode: unknown variant 'nope'"),
     "train-self-attn-layers-bad": (["--arch", "bet_sf_iwslt", *TINY, "--self-attn-layers", "7"],
@@ -311,6 +356,10 @@ def test_fairseq_train_given_bad_input_gets_the_plugins_error(case, w, tmp_path,
     (tmp_path / "file").write_text("")
     fill = {"{file}": str(tmp_path / "file"),
             "{vanilla}": request.getfixturevalue("vanilla") if "{vanilla}" in argv else ""}
+    if "{resume}" in argv:  # a save folder holding another architecture's checkpoint_last.pt
+        (tmp_path / "resume").mkdir()
+        shutil.copy(request.getfixturevalue("vanilla"), tmp_path / "resume" / "checkpoint_last.pt")
+        fill["{resume}"] = str(tmp_path / "resume")
     argv = [fill.get(a, a.replace("{file}", fill["{file}"])) for a in argv]
     if "--save-dir" not in argv:
         argv += ["--save-dir", str(tmp_path / "s")]
