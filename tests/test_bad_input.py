@@ -388,6 +388,29 @@ def _step(cached, x):
     return attention(x, cache=cache)
 
 
+def other_dictionary(w, tmp_path):
+    """A copy of the data folder whose dictionaries lost their last 40 words."""
+    data = tmp_path / "other"
+    shutil.copytree(w["mt_bin"], data)
+    for name in ("dict.de.txt", "dict.en.txt"):
+        lines = (data / name).read_text(encoding="utf-8").splitlines(True)
+        (data / name).write_text("".join(lines[:-40]), encoding="utf-8")
+    return str(data)
+
+
+def test_a_checkpoint_with_another_data_folders_dictionary_is_named(w, vanilla, tmp_path, capsys):
+    """``generate-other-dict``, ``analyze-other-dict``: torch's "size mismatch" over a screen of parameter names
+    becomes the number of dictionary entries on each side."""
+    from cli_utils import generate_in_process
+
+    data = other_dictionary(w, tmp_path)
+    with pytest.raises(ToolError, match=r"trained with a dictionary of [\d,]+ entries .* the data folder's dict"):
+        generate_in_process([data, "--path", vanilla, "--user-dir", USER_DIR, "--cpu", "--beam", "1"])
+    status, last = command(None, analyze.main, ["stats", vanilla, "--data", data, "--out", tmp_path / "st", "--cpu"],
+                           capsys)
+    assert status == 2 and "trained with a dictionary of" in last, last
+
+
 # id -> (what a Python caller does), the ValueError's message
 
 API = {

@@ -43,7 +43,8 @@ def check_state_fits(model, state_dict):
     own = model.state_dict()
     for key, value in state_dict.items():
         if key in own and hasattr(value, "shape") and tuple(value.shape) != tuple(own[key].shape):
-            if "embed_tokens" in key or "output_projection" in key:
+            rows_only = value.shape[0] != own[key].shape[0] and tuple(value.shape[1:]) == tuple(own[key].shape[1:])
+            if rows_only and ("embed_tokens" in key or "output_projection" in key):
                 raise CheckpointError(
                     f"the checkpoint was trained with a dictionary of {value.shape[0]:,} entries ({key}), the data "
                     f"folder's dict*.txt has {own[key].shape[0]:,}: give the data folder the checkpoint was trained "

@@ -51,7 +51,11 @@ def load_checkpoint(path: str, data: str, overrides: Optional[Dict[str, Any]] = 
         raise InputError(f"data directory not found: {data}")
     arg_overrides = dict(overrides or {})
     arg_overrides["data"] = data
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=arg_overrides)
+    try:
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=arg_overrides)
+    except FileNotFoundError as exc:  # the checkpoint's task reads a file the data folder lacks (dict.txt ...)
+        raise InputError(f"--data {data}: no {os.path.basename(exc.filename or str(exc))}, which the checkpoint's task "
+                         "needs: give the data folder the checkpoint was trained with") from None
     model = models[0]
     device = torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu")
     model.to(device).eval()
