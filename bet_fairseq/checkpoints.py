@@ -28,6 +28,8 @@ DIGEST_KEY = "bet_fairseq_model_sha256"
 # its dtype and device), which may hold any bits: not a weight, not checked.
 PLACEHOLDER_SUFFIXES = ("._float_tensor",)
 _LOADING = contextvars.ContextVar("bet_fairseq_loading_checkpoint", default=None)
+# the file the last checkpoint state came from: named by the errors of a model that the state does not fit
+LAST_LOADED = contextvars.ContextVar("bet_fairseq_last_loaded_checkpoint", default=None)
 
 
 class CheckpointError(InputError):
@@ -128,7 +130,9 @@ def checked_loader(load_checkpoint_to_cpu):
         reached = []
         token = _LOADING.set((path, reached))
         try:
-            return load_checkpoint_to_cpu(path, *args, **kwargs)
+            state = load_checkpoint_to_cpu(path, *args, **kwargs)
+            LAST_LOADED.set(path)
+            return state
         except (InputError, FileNotFoundError, IsADirectoryError, PermissionError):
             raise
         except Exception as exc:

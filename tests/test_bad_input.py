@@ -443,3 +443,17 @@ def test_every_row_of_the_table_has_its_case():
     text = open(DOC, encoding="utf-8").read()
     tested = set(re.findall(r"^\| `([a-z0-9-]+)` \|[^\n]*\| test_bad_input \|", text, re.M))
     assert tested == set(COMMANDS) | set(TRAIN) | set(API)
+
+
+def test_kill_stops_a_command_as_ctrl_c_does(tmp_path):
+    """``sigterm-is-ctrl-c``: ``kill PID`` of one of our commands unwinds as Ctrl-C (its fairseq child stopped, its
+    pools terminated, one line, status 130) instead of ending the process alone and leaving its children running."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, sys, time\nfrom bet_fairseq.errors import run_tool\n"
+            "def main(argv):\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(30)\n"
+            "sys.exit(run_tool('tool', main, [], interrupted='interrupted; run it again'))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert (proc.returncode, proc.stderr.strip()) == (130, "tool: interrupted; run it again")

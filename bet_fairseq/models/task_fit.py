@@ -13,6 +13,8 @@ from ..errors import InputError
 
 HINT_TASKS = {"translation": "translation_syntax_hints", "lm": "language_modeling_syntax_hints"}
 EVALUATES = {"fairseq-eval-lm": "lm"}  # commands that take one kind of model only
+# fairseq-train (also in process: bet-run-row --in-process, the tests' cli_in_process name it so)
+TRAINING_COMMANDS = {"fairseq-train", "fairseq-hydra-train", "fairseq_cli.train", "train.py"}
 
 
 def task_kind(task):
@@ -38,25 +40,27 @@ def task_name(task):
 def check_state_fits(model, state_dict):
     """Every parameter of a checkpoint's ``state_dict`` has the shape of ``model``'s: else a CheckpointError that says
     which, and for the embeddings and output projection (rows = dictionary entries) that the data folder differs."""
-    from ..checkpoints import CheckpointError
+    from ..checkpoints import LAST_LOADED, CheckpointError
 
+    where = f"{LAST_LOADED.get()}: " if LAST_LOADED.get() else ""
     own = model.state_dict()
     for key, value in state_dict.items():
         if key in own and hasattr(value, "shape") and tuple(value.shape) != tuple(own[key].shape):
             rows_only = value.shape[0] != own[key].shape[0] and tuple(value.shape[1:]) == tuple(own[key].shape[1:])
             if rows_only and ("embed_tokens" in key or "output_projection" in key):
                 raise CheckpointError(
-                    f"the checkpoint was trained with a dictionary of {value.shape[0]:,} entries ({key}), the data "
-                    f"folder's dict*.txt has {own[key].shape[0]:,}: give the data folder the checkpoint was trained "
-                    "with (or a copy of its dict*.txt)")
-            raise CheckpointError(f"the checkpoint's {key} has shape {tuple(value.shape)}, the model built from these "
-                                  f"options {tuple(own[key].shape)}: use the options the checkpoint was trained with")
+                    f"{where}the checkpoint was trained with a dictionary of {value.shape[0]:,} entries ({key}), the "
+                    f"data folder's dict*.txt has {own[key].shape[0]:,}: give the data folder the checkpoint was "
+                    "trained with (or a copy of its dict*.txt)")
+            raise CheckpointError(f"{where}the checkpoint's {key} has shape {tuple(value.shape)}, the model built from "
+                                  f"these options {tuple(own[key].shape)}: use the options the checkpoint was trained "
+                                  "with")
 
 
 def load_checked(model, load, state_dict):
     """``load(state_dict)`` (fairseq's ``load_state_dict``) after ``check_state_fits``; torch's "Error(s) in loading
     state_dict" (parameters missing or left over: a checkpoint of another architecture) becomes a CheckpointError."""
-    from ..checkpoints import CheckpointError
+    from ..checkpoints import LAST_LOADED, CheckpointError
 
     check_state_fits(model, state_dict)
     try:
@@ -69,8 +73,9 @@ def load_checked(model, load, state_dict):
         detail = "; ".join(part for part in (
             f"{len(missing)} parameters missing ({missing[0]} ...)" if missing else "",
             f"{len(extra)} not in this model ({extra[0]} ...)" if extra else "") if part)
-        raise CheckpointError(f"the checkpoint holds a model of another architecture or options than the one built "
-                              f"here ({detail or exc}): give a checkpoint of the same --arch and options") from None
+        where = f"{LAST_LOADED.get()}: " if LAST_LOADED.get() else ""
+        raise CheckpointError(f"{where}the checkpoint holds a model of another architecture or options than the one "
+                              f"built here ({detail or exc}): give a checkpoint of the same --arch and options") from None
 
 
 def check_task_fits(args, task, kind):
@@ -92,7 +97,9 @@ def check_task_fits(args, task, kind):
     from ..tasks.syntax_hints import LanguageModelingSyntaxHintsTask, TranslationSyntaxHintsTask
 
     row = catalog.row_of_arch(arch)
-    if (row is not None and row.needs_syntax_hints
+    # decoding a BET(SG) checkpoint under plain --task translation is right (the hints only shape training): the
+    # rule holds for training commands alone, which the model builder knows only by the command's name
+    if (command in TRAINING_COMMANDS and row is not None and row.needs_syntax_hints
             and not isinstance(task, (TranslationSyntaxHintsTask, LanguageModelingSyntaxHintsTask))):
         wanted = HINT_TASKS["translation" if kind == "mt" else "lm"]
         raise InputError(f"--arch {arch} is BET(SG): it trains with --task {wanted} --criterion "
