@@ -63,7 +63,8 @@ def check_options(args, dataset):
     if not args.force:
         check_not_another_preparation(args.out_dir, dataset, "--out-dir")
         if getattr(args, "bin_dir", None):
-            check_not_another_preparation(args.bin_dir, dataset, "--bin-dir", os.path.join(args.out_dir, "summary.json"))
+            check_not_another_preparation(args.bin_dir, dataset, "--bin-dir",
+                                          os.path.join(args.out_dir, "summary.json"))
 
 
 def check_not_another_preparation(folder, dataset, option, summary=None):

@@ -91,7 +91,8 @@ def check_options(args):
     check_at_least(args.max_train, "--max-train", 0, "number of pairs (0: all)")
     check_at_least(args.max_eval, "--max-eval", 0, "number of pairs (0: all)")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
-        raise InputError(f"--data-dir {args.data_dir} is not a folder (it holds {{train,val,test_2016_flickr}}.{{de,en}})")
+        raise InputError(f"--data-dir {args.data_dir} is not a folder (one holding "
+                         "{train,val,test_2016_flickr}.{de,en})")
     check_writable_folder(args.work_dir, "--work-dir")
 
 

@@ -43,12 +43,12 @@ class BirdEyeCache:
     def reorder(self, order: Tensor):
         """Keep batch rows ``order`` (beam search: the beams each survivor came from)."""
         if not isinstance(order, Tensor) or order.dim() != 1 or order.dtype not in (torch.long, torch.int32):
-            raise ValueError(f"BirdEyeCache.reorder: order must be a 1-D integer tensor of batch rows, got "
-                             f"{type(order).__name__ if not isinstance(order, Tensor) else f'{order.dtype} {tuple(order.shape)}'}")
+            got = f"{order.dtype} {tuple(order.shape)}" if isinstance(order, Tensor) else type(order).__name__
+            raise ValueError(f"BirdEyeCache.reorder: order must be a 1-D integer tensor of batch rows, got {got}")
         size = self.batch_size
         if size is not None and order.numel() and not (0 <= int(order.min()) and int(order.max()) < size):
-            raise ValueError(f"BirdEyeCache.reorder: order holds rows {int(order.min())}..{int(order.max())}, the cache "
-                             f"holds a batch of {size} (rows 0..{size - 1})")
+            raise ValueError(f"BirdEyeCache.reorder: order holds rows {int(order.min())}..{int(order.max())}, the "
+                             f"cache holds a batch of {size} (rows 0..{size - 1})")
         for entry in self.layers.values():
             for name in self.FIELDS:
                 entry[name] = entry[name].index_select(0, order.to(entry[name].device))
@@ -115,8 +115,9 @@ class BirdEyeSelfAttention(nn.Module):
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"BirdEyeSelfAttention: x must be (B, T, {dim}) (batch-first, embed_dim {dim}), got {got}")
         if x.dtype != self.qkv.weight.dtype:
-            raise ValueError(f"BirdEyeSelfAttention: x is {x.dtype}, the layer's parameters are {self.qkv.weight.dtype}: "
-                             f"pass {self.qkv.weight.dtype} input (or convert the layer with .to(dtype))")
+            raise ValueError(f"BirdEyeSelfAttention: x is {x.dtype}, the layer's parameters are "
+                             f"{self.qkv.weight.dtype}: pass {self.qkv.weight.dtype} input (or convert the layer with "
+                             ".to(dtype))")
         bsz, length = x.shape[:2]
         if padding_mask is not None and (not isinstance(padding_mask, Tensor)
                                          or tuple(padding_mask.shape) != (bsz, length)):
@@ -125,5 +126,5 @@ class BirdEyeSelfAttention(nn.Module):
                              f"{' of the new positions' if cache is not None else ''}), got {got}")
         size = None if cache is None or cache.get(self) is None else cache.batch_size
         if size is not None and size != bsz:
-            raise ValueError(f"BirdEyeSelfAttention: the cache holds a batch of {size}, x a batch of {bsz}: feed the same "
-                             "batch, or reorder the cache (BirdEyeCache.reorder) first")
+            raise ValueError(f"BirdEyeSelfAttention: the cache holds a batch of {size}, x a batch of {bsz}: feed the "
+                             "same batch, or reorder the cache (BirdEyeCache.reorder) first")

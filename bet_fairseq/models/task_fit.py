@@ -75,7 +75,8 @@ def load_checked(model, load, state_dict):
             f"{len(extra)} not in this model ({extra[0]} ...)" if extra else "") if part)
         where = f"{LAST_LOADED.get()}: " if LAST_LOADED.get() else ""
         raise CheckpointError(f"{where}the checkpoint holds a model of another architecture or options than the one "
-                              f"built here ({detail or exc}): give a checkpoint of the same --arch and options") from None
+                              f"built here ({detail or exc}): give a checkpoint of the same --arch and options"
+                              ) from None
 
 
 def check_task_fits(args, task, kind):
@@ -103,5 +104,5 @@ def check_task_fits(args, task, kind):
             and not isinstance(task, (TranslationSyntaxHintsTask, LanguageModelingSyntaxHintsTask))):
         wanted = HINT_TASKS["translation" if kind == "mt" else "lm"]
         raise InputError(f"--arch {arch} is BET(SG): it trains with --task {wanted} --criterion "
-                         f"label_smoothed_cross_entropy_with_pointer (hints from bet-syntax-hints); under --task {name} "
-                         "it would be a plain Transformer")
+                         "label_smoothed_cross_entropy_with_pointer (hints from bet-syntax-hints); under --task "
+                         f"{name} it would be a plain Transformer")

@@ -45,8 +45,8 @@ class VariantTransformerModel(TransformerModel):
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         # a clear line instead of torch's "size mismatch" / "Missing key(s)" over a screen of parameter names
-        return load_checked(self, lambda state: super(VariantTransformerModel, self).load_state_dict(state, strict, model_cfg, args),
-                            state_dict)
+        load = super().load_state_dict
+        return load_checked(self, lambda state: load(state, strict, model_cfg, args), state_dict)
 
     @classmethod
     def _attention_being_built(cls, args):

@@ -64,7 +64,8 @@ def check_data(row, dataset, data):
         need = ["dict.txt", "train.idx", "test.idx"]
     missing = [n for n in need if not os.path.exists(os.path.join(data, n))]
     if missing:
-        raise InputError(f"--data {data} is not a binarised {dataset} folder (missing {missing[0]}); make it with: {ds.prepare}")
+        raise InputError(f"--data {data} is not a binarised {dataset} folder (missing {missing[0]}); make it with: "
+                         f"{ds.prepare}")
     if row.needs_syntax_hints:
         hint = f"train.hints.{ds.target}.bin" if ds.kind == "mt" else "train.hints.bin"
         if not os.path.exists(os.path.join(data, hint)):
@@ -210,8 +211,9 @@ def check_save_dir(save_dir, arch, force):
     if other is None or other == arch:
         return
     if os.path.exists(os.path.join(save_dir, "checkpoint_last.pt")):
-        raise InputError(f"--save-dir {save_dir} holds a run of --arch {other} (checkpoint_last.pt, which fairseq-train "
-                         f"would resume into {arch}): choose another --save-dir, or move its checkpoints away")
+        raise InputError(f"--save-dir {save_dir} holds a run of --arch {other} (checkpoint_last.pt, which "
+                         f"fairseq-train would resume into {arch}): choose another --save-dir, or move its checkpoints "
+                         "away")
     if os.path.exists(os.path.join(save_dir, "result.json")) and not force:
         raise InputError(f"--save-dir {save_dir} holds the result.json of --arch {other}, which this run of {arch} "
                          "would replace: choose another --save-dir, or add --force")
