@@ -150,6 +150,8 @@ COMMANDS = {
     "iwslt-bindir-is-file": (lambda w, t: iwslt(w, t, "--bin-dir", touch(t / "f")), 2, r"--bin-dir .*: is a file"),
     "iwslt-unequal-train": (lambda w, t: iwslt(w, t, "--raw-dir", copy_raw_iwslt(w, t, lambda d: (d / "train.tags.de-en.de").write_text(
         "".join((d / "train.tags.de-en.de").read_text().splitlines(True)[1:])))), 2, r"parallel files differ in length"),
+    "wikitext-empty-train": (lambda w, t: wikitext(w, t, "--raw-dir", empty_train_wikitext(w, t)), 2,
+                             r"wiki\.train\.tokens: the train text is empty, nothing to binarise"),
     "wikitext-raw-dir-missing": (lambda w, t: wikitext(w, t, "--raw-dir", t / "nope"), 2, r"--raw-dir .* is not a folder"),
     "wikitext-binary-file": (lambda w, t: wikitext(w, t, "--raw-dir", t), 2, r"no wiki\.train\.tokens"),
     "wikitext-dataset-bogus": (lambda w, t: wikitext(w, t, "--dataset", "wikitext-5"), 2, r"argument --dataset: invalid"),
@@ -205,6 +207,7 @@ COMMANDS = {
     "runrow-arch-bogus": (lambda w, t: row(w, t, "--arch", "nope_arch", "--dry-run"), 2, r"'nope_arch' is not regis"),
     "runrow-positional-junk": (lambda w, t: row(w, t, "junk", "--dry-run"), 2, r"unexpected argument 'junk'"),
     "runrow-dataset-bogus": (lambda w, t: row(w, t, "--dataset", "nope"), 2, r"argument --dataset: invalid choice"),
+    "table2-bad-option": (lambda w, t: (None, runner.main, ["--nope"]), 2, r"unrecognized arguments: --nope"),
     "runrow-no-args": (lambda w, t: (None, runner.main, []), 2, r"required: --row, --dataset, --data, --save-dir"),
     # bet-results
     "results-empty-folder": (lambda w, t: (None, table.main, [t]), 2, r"no result\.json under"),
@@ -259,6 +262,13 @@ COMMANDS = {
     "demo-bad-option-keeps-ckpts": (lambda w, t: demo(t, "--max-update", "0", "--work-dir", demo_run(t)), 2,
                                     r"--max-update must be"),
 }
+
+
+def empty_train_wikitext(w, t):
+    raw = t / "raw"
+    shutil.copytree(w["wiki"], raw)
+    (raw / "wiki.train.tokens").write_text("")
+    return raw
 
 
 def demo(t, *extra):
@@ -330,6 +340,9 @@ TRAIN = {
     "train-pointer-criterion-vanilla": (["--arch", "vanilla_iwslt", *TINY, "--criterion",
                                          "label_smoothed_cross_entropy_with_pointer"],
                                         r"pointer loss needs the syntax hints .* --task translation has none"),
+    "train-sg-task-no-hints": (["--arch", "bet_sg_iwslt", *TINY, "--task", "translation_syntax_hints", "--criterion",
+                                "label_smoothed_cross_entropy_with_pointer"],
+                               r"syntax-hint file not found: .*\.hints\.en\.bin"),
     "train-self-attn-mode-bogus": (["--arch", "vanilla_iwslt", *TINY, "--self-attn-mode", "nope"],
                                    r"--self-attn-mode: unknown variant 'nope'"),
     "train-self-attn-layers-bad": (["--arch", "bet_sf_iwslt", *TINY, "--self-attn-layers", "7"],
@@ -438,11 +451,32 @@ def test_the_python_api_names_the_expected_shape(case):
         call()
 
 
+# id -> (run/ script and its arguments), the regex of its output's error line; the scripts run as a user runs them
+SCRIPTS = {
+    "script-no-args": (["run/iwslt14_de_en.sh"], r"^usage: run/iwslt14_de_en\.sh ROW DATA_BIN SAVE_DIR"),
+    "script-row-bogus": (["run/iwslt14_de_en.sh", "nope", "d", "s"], r"error: iwslt14_de_en has no row 'nope'"),
+    "script-data-missing": (["run/wikitext2.sh", "vanilla", "{tmp}/nope", "{tmp}/s", "--dry-run"],
+                            r"bet-run-row: error: --data .*nope is not a folder"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCRIPTS))
+def test_a_run_script_given_bad_input_says_so(case, tmp_path):
+    import subprocess
+    import sys
+
+    argv, message = SCRIPTS[case]
+    proc = subprocess.run(["bash", *[a.replace("{tmp}", str(tmp_path)) for a in argv]], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120, env=dict(os.environ, PYTHON=sys.executable, PYTHONPATH=ROOT))
+    assert proc.returncode == 2 and re.search(message, proc.stderr, re.M), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
 def test_every_row_of_the_table_has_its_case():
     """docs/bad_input.md's rows with a test in this file are the cases here, and the other way round."""
     text = open(DOC, encoding="utf-8").read()
     tested = set(re.findall(r"^\| `([a-z0-9-]+)` \|[^\n]*\| test_bad_input \|", text, re.M))
-    assert tested == set(COMMANDS) | set(TRAIN) | set(API)
+    assert tested == set(COMMANDS) | set(TRAIN) | set(API) | set(SCRIPTS)
 
 
 def test_kill_stops_a_command_as_ctrl_c_does(tmp_path):
