@@ -21,13 +21,15 @@ import contextvars
 import hashlib
 import os
 
-from .errors import InputError
+from .errors import InputError, check_writable_folder
 
 DIGEST_KEY = "bet_fairseq_model_sha256"
 # fairseq's SinusoidalPositionalEmbedding keeps an uninitialised one-element placeholder (used only for
 # its dtype and device), which may hold any bits: not a weight, not checked.
 PLACEHOLDER_SUFFIXES = ("._float_tensor",)
 _LOADING = contextvars.ContextVar("bet_fairseq_loading_checkpoint", default=None)
+# the file the last checkpoint state came from: named by the errors of a model that the state does not fit
+LAST_LOADED = contextvars.ContextVar("bet_fairseq_last_loaded_checkpoint", default=None)
 
 
 class CheckpointError(InputError):
@@ -128,7 +130,9 @@ def checked_loader(load_checkpoint_to_cpu):
         reached = []
         token = _LOADING.set((path, reached))
         try:
-            return load_checkpoint_to_cpu(path, *args, **kwargs)
+            state = load_checkpoint_to_cpu(path, *args, **kwargs)
+            LAST_LOADED.set(path)
+            return state
         except (InputError, FileNotFoundError, IsADirectoryError, PermissionError):
             raise
         except Exception as exc:
@@ -168,3 +172,15 @@ def digesting_saver(torch_persistent_save):
     wrapper._bet_adds_digest = True
     wrapper.__wrapped__ = torch_persistent_save
     return wrapper
+
+
+def checked_save_dir(verify):
+    """fairseq-train's ``verify_checkpoint_directory`` after a check that names --save-dir (fairseq's own check is
+    an OSError traceback: a --save-dir under a file, or not writable)."""
+
+    def verify_checkpoint_directory(save_dir):
+        check_writable_folder(save_dir, "--save-dir")
+        return verify(save_dir)
+
+    verify_checkpoint_directory._bet_checks_save_dir = True
+    return verify_checkpoint_directory

@@ -272,6 +272,9 @@ def check_checkpoints():
 
     if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "_bet_checks_checkpoints", False):
         checkpoint_utils.load_checkpoint_to_cpu = checkpoints.checked_loader(checkpoint_utils.load_checkpoint_to_cpu)
+    if not getattr(checkpoint_utils.verify_checkpoint_directory, "_bet_checks_save_dir", False):
+        checkpoint_utils.verify_checkpoint_directory = checkpoints.checked_save_dir(
+            checkpoint_utils.verify_checkpoint_directory)
     if not getattr(checkpoint_utils.torch_persistent_save, "_bet_adds_digest", False):
         checkpoint_utils.torch_persistent_save = checkpoints.digesting_saver(checkpoint_utils.torch_persistent_save)
     original = checkpoint_utils._upgrade_state_dict  # called with the state torch.load returned

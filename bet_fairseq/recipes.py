@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 
 from . import catalog
 from .catalog import Flags
+from .errors import check_at_least
 
 
 def merge(*recipes: Flags) -> Flags:
@@ -139,6 +140,8 @@ def for_softmax(flags: Flags) -> Flags:
 def train_recipe(dataset: str, quick: bool = False, updates: Optional[int] = None) -> Flags:
     """fairseq-train flags of a Table 2 run on ``dataset`` (before a row's own flags): its kind's recipe, the
     dataset's own flags (those of the dataset it takes its recipe from), the common flags."""
+    if updates is not None:  # 0 would read as "no --updates" below, and fairseq reads --max-update 0 as no limit
+        check_at_least(updates, "--updates", 1, "number of updates")
     ds = catalog.dataset(dataset)
     own = catalog.dataset(ds.recipe).train if ds.recipe else ds.train
     flags = merge(BASE_TRAIN[ds.kind], own, COMMON_TRAIN)
@@ -196,6 +199,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="the tiny --quick settings")
     p.add_argument("--updates", type=int, help="train: --max-update")
     args = p.parse_args(argv)
+    if args.updates is not None and args.updates < 1:
+        p.error(f"--updates must be a number of updates >= 1, got {args.updates}")
     if args.recipe in _NAMED:
         if args.dataset or args.quick or args.updates:
             p.error(f"{args.recipe} takes no dataset, --quick or --updates")

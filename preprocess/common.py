@@ -27,13 +27,9 @@ from typing import NamedTuple, Optional
 from tqdm import tqdm
 
 from bet_fairseq import __version__
-from bet_fairseq.errors import InputError, check_writable_folder, install_excepthook, run_tool, worker_pool
+from bet_fairseq.errors import InputError, check_at_least, check_writable_folder, run_tool, worker_pool
 from bet_fairseq.files import atomic_path, atomic_write
 from bet_fairseq.tools.markers import Steps, file_digest  # noqa: F401  (the prepare_* commands' steps)
-
-# a PrepareError that reaches the top of any command using these steps (bet-prepare-*, the demo,
-# bet-reproduce) is one line and exit status 2, not a traceback
-install_excepthook()
 
 
 class PrepareError(InputError):
@@ -58,6 +54,78 @@ def check_output_folders(args):
     check_writable_folder(args.out_dir, "--out-dir")
     if getattr(args, "bin_dir", None):
         check_writable_folder(args.bin_dir, "--bin-dir")
+
+
+def check_options(args, dataset):
+    """The options every ``bet-prepare-*`` shares, checked before any download or step: --workers, the output
+    folders, and that they hold no other dataset's preparation (which the steps would replace file by file)."""
+    check_at_least(args.workers, "--workers", 1, "number of processes")
+    check_output_folders(args)
+    if not args.force:
+        check_not_another_preparation(args.out_dir, dataset, "--out-dir")
+        if getattr(args, "bin_dir", None):
+            check_not_another_preparation(args.bin_dir, dataset, "--bin-dir",
+                                          os.path.join(args.out_dir, "summary.json"))
+
+
+def check_not_another_preparation(folder, dataset, option, summary=None):
+    """``folder`` (an --out-dir, or a --bin-dir with ``summary`` the --out-dir's summary.json) holds no finished
+    preparation of another dataset, nor binarised data that this output folder did not make: a PrepareError
+    naming both, unless the user asks with --force."""
+    if summary is None:  # an --out-dir: its own summary.json says which dataset it holds
+        found = _read_summary(os.path.join(folder, "summary.json"))
+        if found is not None and found.get("dataset") not in (None, dataset):
+            raise PrepareError(f"{option} {folder} holds a finished {found['dataset']} preparation (summary.json), "
+                               f"which preparing {dataset} there would replace: choose another {option}, or add "
+                               "--force to replace it")
+        return
+    made_here = (_read_summary(summary) or {}).get("bin_dir")
+    if (os.path.isdir(folder) and any(n.startswith("dict.") and n.endswith(".txt") for n in os.listdir(folder))
+            and (made_here is None or os.path.abspath(made_here) != os.path.abspath(folder))):
+        raise PrepareError(f"{option} {folder} already holds binarised data (dict*.txt) that this --out-dir did not "
+                           f"make, which preparing {dataset} there would replace: choose another {option}, or add "
+                           "--force to replace it")
+
+
+def _read_summary(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def check_bpe_options(args):
+    """--bpe-merges and --bpe-codes of the translation recipes, checked before any step (subword-nmt itself
+    fails later with "invalid line 2 in BPE codes file", naming neither)."""
+    if args.bpe_codes:
+        check_bpe_codes(args.bpe_codes, "--bpe-codes")
+    else:
+        check_at_least(args.bpe_merges, "--bpe-merges", 1, "number of merges")
+
+
+def check_bpe_codes(path, option):
+    """``path`` is a subword-nmt codes file: an optional "#version:" line, then one merge (two symbols) a line."""
+    if not os.path.exists(path):
+        raise PrepareError(f"{option} {path}: no such file")
+    if not os.path.isfile(path):
+        raise PrepareError(f"{option} {path} is a folder; give the subword-nmt codes file (learn_bpe's output)")
+    merges = 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                raise PrepareError(f"{option} {path}, line {n}: not UTF-8 text: not a subword-nmt codes file") from None
+            if n == 1 and line.startswith("#version:"):
+                continue
+            if len(line.split(" ")) != 2:
+                raise PrepareError(f"{option} {path}, line {n}: {line[:40]!r} is not a merge (two symbols separated "
+                                   "by a space): not a subword-nmt codes file (learn_bpe's output)")
+            merges += 1
+    if not merges:
+        raise PrepareError(f"{option} {path} holds no merges: not a subword-nmt codes file (learn_bpe's output)")
 
 
 def log(message):
@@ -373,6 +441,9 @@ def learn_joint_bpe(paths, codes_path, merges, workers=1):
     for p in paths:
         with open(p, encoding="utf-8") as f:
             shutil.copyfileobj(f, buf)
+    if not buf.getvalue().strip():  # subword-nmt would fail in max() of an empty vocabulary
+        raise PrepareError(f"no training text to learn BPE from: {' and '.join(paths)} are empty (an empty or "
+                           "fully filtered training file upstream?)")
     buf.seek(0)
     log(f"learning {merges} BPE merges on {', '.join(os.path.basename(p) for p in paths)}")
     with atomic_write(codes_path) as out:
@@ -419,6 +490,12 @@ def binarise(dest, splits, workers=1, source_lang=None, target_lang=None, joined
     from fairseq import options
     from fairseq_cli import preprocess as fairseq_preprocess
 
+    for split, prefix in splits.items():  # fairseq-preprocess fails on an empty file deep inside its reader
+        files = [prefix] if only_source else [f"{prefix}.{source_lang}", f"{prefix}.{target_lang}"]
+        empty = [f for f in files if prefix and os.path.exists(f) and not os.path.getsize(f)]
+        if empty:
+            raise PrepareError(f"{empty[0]}: the {split} text is empty, nothing to binarise (an empty input file, or "
+                               "every line filtered out upstream?)")
     with atomic_path(dest) as tmp:
         args = ["--destdir", tmp, "--workers", str(workers)]
         for split in ("train", "valid", "test"):

@@ -13,6 +13,8 @@ import argparse
 import os
 import zipfile
 
+from bet_fairseq.errors import check_at_least
+
 from . import common
 from .common import PrepareError, Steps, log
 
@@ -32,8 +34,11 @@ def read_input(args, orig):
             path = common.download(URL, os.path.join(orig, "enwik8.zip"))
         if path is None:
             raise PrepareError(f"no enwik8 or enwik8.zip under {args.raw_dir} (or give --input FILE)")
+    option = "--input" if args.input else "--raw-dir"
     if not os.path.exists(path):
-        raise PrepareError(f"input file not found: {path}")
+        raise PrepareError(f"{option} {path}: no such file")
+    if os.path.isdir(path):
+        raise PrepareError(f"{option} {path} is a folder; give the enwik8 file (or enwik8.zip) itself")
     if path.endswith(".zip"):
         try:
             with zipfile.ZipFile(path) as z:
@@ -43,6 +48,8 @@ def read_input(args, orig):
     else:
         with open(path, "rb") as f:
             data = f.read()
+    if not data:
+        raise PrepareError(f"{option} {path} is empty: give the enwik8 file (or enwik8.zip)")
     return path, data
 
 
@@ -59,7 +66,8 @@ def split_sizes(args, total):
                                "(give --valid-bytes/--test-bytes or --valid-fraction/--test-fraction for a slice)")
         valid = test = STANDARD_HELD_OUT
     if valid <= 0 or test <= 0 or valid + test >= total:
-        raise PrepareError(f"bad split: {total:,} bytes cannot hold valid {valid:,} + test {test:,} and a train part")
+        raise PrepareError(f"--valid-bytes/--test-bytes: {total:,} bytes cannot hold valid {valid:,} + test {test:,} "
+                           "and a train part: give smaller held-out parts")
     return total - valid - test, valid, test
 
 
@@ -81,7 +89,13 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    common.check_output_folders(args)
+    common.check_options(args, "enwik8")
+    for option in ("valid_bytes", "test_bytes"):
+        check_at_least(getattr(args, option), "--" + option.replace("_", "-"), 1, "number of bytes")
+    for option in ("valid_fraction", "test_fraction"):
+        value = getattr(args, option)
+        if value is not None and not 0 < value < 1:
+            raise PrepareError(f"--{option.replace('_', '-')} must be a fraction between 0 and 1, got {value}")
     out = os.path.abspath(args.out_dir)
     orig = os.path.join(out, "orig")
     bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))

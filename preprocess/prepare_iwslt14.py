@@ -14,6 +14,8 @@ import re
 import shutil
 
 from . import common
+from bet_fairseq.errors import check_at_least
+
 from .common import PrepareError, Steps, log
 
 # No published SHA-256 or size found for this archive: a documented gap (docs/data_and_runs.md); the download
@@ -90,7 +92,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    common.check_output_folders(args)
+    common.check_options(args, "iwslt14_de_en")
+    common.check_bpe_options(args)
+    check_at_least(args.valid_every, "--valid-every", 2, "number of pairs (every N-th train pair becomes valid)")
     out = os.path.abspath(args.out_dir)
     tmp, orig = os.path.join(out, "tmp"), os.path.join(out, "orig")
     bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))

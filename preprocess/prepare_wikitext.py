@@ -52,7 +52,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    common.check_output_folders(args)
+    common.check_options(args, args.dataset)
     out = os.path.abspath(args.out_dir)
     orig = os.path.join(out, "orig")
     bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))

@@ -15,6 +15,8 @@ alone (1.92M): ``--corpora europarl-v7.de-en`` reproduces that size.
 import argparse
 import os
 
+from bet_fairseq.errors import check_at_least
+
 from . import common
 from .common import PrepareError, Steps, log
 from .prepare_iwslt14 import xml_segments
@@ -72,7 +74,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    common.check_output_folders(args)
+    common.check_options(args, "wmt17_en_de")
+    common.check_bpe_options(args)
+    check_at_least(args.valid_every, "--valid-every", 2, "number of pairs (every N-th train pair becomes valid)")
+    check_at_least(args.max_len, "--max-len", 1, "number of tokens")
     out = os.path.abspath(args.out_dir)
     tmp, orig = os.path.join(out, "tmp"), os.path.join(out, "orig")
     bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))

@@ -318,6 +318,8 @@ def check_split(split, text_path, args):
     if not os.path.isfile(text_path):
         raise HintInputError(f"{split}: target text not found: {text_path}")
     counts = _read_token_counts(text_path)
+    if not counts:  # 0-line hint files would pass every check here and fail only when training
+        raise HintInputError(f"{split}: {text_path} is empty: give the BPE text the {split} split was binarised from")
     bin_prefix, sizes = _binarised_target_sizes(args.destdir, split, args.lang)
     if sizes is not None:
         check_against_binarised(text_path, counts, bin_prefix, sizes)

@@ -25,19 +25,17 @@ import sys
 import time
 
 from bet_fairseq import catalog, recipes
-from bet_fairseq.errors import InputError, check_writable_folder
+from bet_fairseq.errors import InputError, check_at_least, check_positive, check_writable_folder, run_tool
 from bet_fairseq.files import atomic_write
 from bet_fairseq.preprocess import prepare_multi30k
 from bet_fairseq.tools import executor, markers
 
 
+INTERRUPTED = "interrupted; finished steps are kept: run the same command again to go on"
+
+
 def log(msg):
     print(f"[demo] {msg}", flush=True)
-
-
-def fail(msg):
-    print(f"demo_side_by_side: error: {msg}", file=sys.stderr)
-    raise SystemExit(1)
 
 
 def data_identity(bin_dir):
@@ -62,29 +60,48 @@ def train_and_score(args, bin_dir, name, arch):
     scored_settings = {**trained_settings, "eval": shlex.join(eval_argv)}
     trained_marker, scored_marker = os.path.join(save, "trained.json"), os.path.join(save, "scored.json")
     timing = None if args.retrain else markers.read(trained_marker, trained_settings, say=log)
-    try:
-        if timing is None:
-            if os.path.isdir(save):
-                if os.path.exists(trained_marker) or glob.glob(os.path.join(save, "checkpoint*.pt")):
-                    log(f"{name}: training again from scratch in {save}")
-                for old in glob.glob(os.path.join(save, "checkpoint*.pt")) + [trained_marker, scored_marker]:
-                    if os.path.exists(old):
-                        os.remove(old)  # else fairseq-train resumes from checkpoint_last.pt
-            log(f"{name}: {shlex.join(train_argv)}")
-            timing = markers.write(trained_marker, executor.train(job), trained_settings)
-        scored = markers.read(scored_marker, scored_settings, say=log)
-        if scored is None:
-            log(f"{name}: {shlex.join(eval_argv)}")
-            result = executor.evaluate(job)
-            scored = markers.write(scored_marker, {"bleu": result["bleu"], "eval_wall_s": result["eval_wall_s"]},
-                                   scored_settings)
-    except executor.RunFailed as exc:
-        fail(str(exc))
+    if timing is None:
+        if os.path.isdir(save):
+            if os.path.exists(trained_marker) or glob.glob(os.path.join(save, "checkpoint*.pt")):
+                log(f"{name}: training again from scratch in {save}")
+            for old in glob.glob(os.path.join(save, "checkpoint*.pt")) + [trained_marker, scored_marker]:
+                if os.path.exists(old):
+                    os.remove(old)  # else fairseq-train resumes from checkpoint_last.pt
+        log(f"{name}: {shlex.join(train_argv)}")
+        timing = markers.write(trained_marker, executor.train(job), trained_settings)
+    scored = markers.read(scored_marker, scored_settings, say=log)
+    if scored is None:
+        log(f"{name}: {shlex.join(eval_argv)}")
+        result = executor.evaluate(job)
+        scored = markers.write(scored_marker, {"bleu": result["bleu"], "eval_wall_s": result["eval_wall_s"]},
+                               scored_settings)
     return dict(model=name, arch=arch, bleu=scored["bleu"], train_seconds=timing["train_wall_s"],
                 generate_seconds=scored["eval_wall_s"], settings=scored_settings)
 
 
+def check_options(args):
+    """Every number the demo passes on, checked before anything is prepared, trained or removed: fairseq reads
+    --max-update 0 as "no limit" (a training without end), and a negative --max-train as "all but the last N"."""
+    check_positive(args.max_update, "--max-update", "number of updates")
+    check_positive(args.max_tokens, "--max-tokens", "number of tokens")
+    check_positive(args.lr, "--lr", "learning rate")
+    check_positive(args.bpe_merges, "--bpe-merges", "number of merges")
+    check_at_least(args.warmup, "--warmup", 0, "number of updates")
+    check_at_least(args.max_train, "--max-train", 0, "number of pairs (0: all)")
+    check_at_least(args.max_eval, "--max-eval", 0, "number of pairs (0: all)")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        raise InputError(f"--data-dir {args.data_dir} is not a folder (one holding "
+                         "{train,val,test_2016_flickr}.{de,en})")
+    check_writable_folder(args.work_dir, "--work-dir")
+
+
 def main(argv=None):
+    """The demo as a command: its exit status (bad input: one line, status 2; a failed fairseq run: one line naming
+    its log, status 1)."""
+    return run_tool("demo_side_by_side", run, argv, interrupted=INTERRUPTED)
+
+
+def run(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", help="local Multi30k task1 raw files (default: download into --work-dir)")
     p.add_argument("--work-dir", default="work-dirs/demo_side_by_side", help="outputs (default: %(default)s)")
@@ -100,10 +117,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=train["--seed"])
     p.add_argument("--retrain", action="store_true", help="train again even if checkpoints exist")
     args = p.parse_args(argv)
-    try:
-        check_writable_folder(args.work_dir, "--work-dir")
-    except InputError as exc:
-        fail(str(exc))
+    check_options(args)
 
     started = time.time()
     # each data step is skipped when its inputs and settings are unchanged
@@ -125,4 +139,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

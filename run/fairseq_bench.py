@@ -156,9 +156,9 @@ def add_common_options(p, sizes, default_size, quick_help, max_tokens_help, gene
 
 def check_common(p, args):
     """The repetitions' default, the device and clock checked (``p.error``), the threads set; the clock."""
-    args.reps = args.reps or (1 if args.quick else 5)
-    if args.reps < 1:
+    if args.reps is not None and args.reps < 1:  # before the default below, which would read 0 as "unset"
         p.error("--reps must be >= 1")
+    args.reps = args.reps or (1 if args.quick else 5)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
     clock = timing.clock_from_args(p, args.clock, args.device)

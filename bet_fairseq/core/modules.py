@@ -26,6 +26,11 @@ class BirdEyeCache:
     def __len__(self) -> int:
         return next(iter(self.layers.values()))["k"].size(2) if self.layers else 0
 
+    @property
+    def batch_size(self) -> Optional[int]:
+        """The batch the cached positions belong to (None while empty)."""
+        return next(iter(self.layers.values()))["k"].size(0) if self.layers else None
+
     def get(self, layer: nn.Module) -> Optional[Dict[str, Tensor]]:
         return self.layers.get(layer)
 
@@ -37,6 +42,13 @@ class BirdEyeCache:
 
     def reorder(self, order: Tensor):
         """Keep batch rows ``order`` (beam search: the beams each survivor came from)."""
+        if not isinstance(order, Tensor) or order.dim() != 1 or order.dtype not in (torch.long, torch.int32):
+            got = f"{order.dtype} {tuple(order.shape)}" if isinstance(order, Tensor) else type(order).__name__
+            raise ValueError(f"BirdEyeCache.reorder: order must be a 1-D integer tensor of batch rows, got {got}")
+        size = self.batch_size
+        if size is not None and order.numel() and not (0 <= int(order.min()) and int(order.max()) < size):
+            raise ValueError(f"BirdEyeCache.reorder: order holds rows {int(order.min())}..{int(order.max())}, the "
+                             f"cache holds a batch of {size} (rows 0..{size - 1})")
         for entry in self.layers.values():
             for name in self.FIELDS:
                 entry[name] = entry[name].index_select(0, order.to(entry[name].device))
@@ -55,6 +67,9 @@ class BirdEyeSelfAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  keep_diagonal: bool = False, share_w: bool = False):
         super().__init__()
+        if not (isinstance(num_heads, int) and num_heads >= 1 and isinstance(embed_dim, int) and embed_dim >= 1):
+            raise ValueError(f"BirdEyeSelfAttention: embed_dim and num_heads must be integers >= 1, got embed_dim "
+                             f"{embed_dim!r}, num_heads {num_heads!r}")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
@@ -68,6 +83,7 @@ class BirdEyeSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, padding_mask: Tensor = None, return_attention: bool = False,
                 cache: Optional[BirdEyeCache] = None):
+        self._check_inputs(x, padding_mask, cache)
         bsz, length, dim = x.shape
         q, k, v = self.qkv(x).view(bsz, length, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q = q * self.head_dim ** -0.5
@@ -91,3 +107,24 @@ class BirdEyeSelfAttention(nn.Module):
             cache.append(self, k=k[:, :, -length:], v=v[:, :, -length:], r=r, vw=vw, padding=padding[:, -length:])
         out = self.out_proj(out.transpose(1, 2).reshape(bsz, length, dim))
         return (out, probs) if return_attention else out
+
+    def _check_inputs(self, x, padding_mask, cache):
+        """A ValueError naming the expected shape or dtype, instead of torch's error from deep inside."""
+        dim = self.qkv.in_features
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.size(-1) != dim:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"BirdEyeSelfAttention: x must be (B, T, {dim}) (batch-first, embed_dim {dim}), got {got}")
+        if x.dtype != self.qkv.weight.dtype:
+            raise ValueError(f"BirdEyeSelfAttention: x is {x.dtype}, the layer's parameters are "
+                             f"{self.qkv.weight.dtype}: pass {self.qkv.weight.dtype} input (or convert the layer with "
+                             ".to(dtype))")
+        bsz, length = x.shape[:2]
+        if padding_mask is not None and (not isinstance(padding_mask, Tensor)
+                                         or tuple(padding_mask.shape) != (bsz, length)):
+            got = tuple(padding_mask.shape) if isinstance(padding_mask, Tensor) else type(padding_mask).__name__
+            raise ValueError(f"BirdEyeSelfAttention: padding_mask must be (B, T) = {(bsz, length)} (True at padding"
+                             f"{' of the new positions' if cache is not None else ''}), got {got}")
+        size = None if cache is None or cache.get(self) is None else cache.batch_size
+        if size is not None and size != bsz:
+            raise ValueError(f"BirdEyeSelfAttention: the cache holds a batch of {size}, x a batch of {bsz}: feed the "
+                             "same batch, or reorder the cache (BirdEyeCache.reorder) first")

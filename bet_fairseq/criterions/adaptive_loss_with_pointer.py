@@ -38,7 +38,7 @@ class AdaptiveLossWithPointerConfig(AdaptiveLossConfig, PointerLossOptions):
 class AdaptiveLossWithPointer(AdaptiveLoss):
     def __init__(self, task, sentence_avg, pointer_lambda, pointer_heads):
         super().__init__(task, sentence_avg)
-        check_pointer_options(pointer_lambda, pointer_heads)
+        check_pointer_options(pointer_lambda, pointer_heads, task)
         self.pointer_lambda = pointer_lambda
         self.pointer_heads = str(pointer_heads)
 

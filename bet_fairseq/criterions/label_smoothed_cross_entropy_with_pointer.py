@@ -132,11 +132,21 @@ def add_pointer_loss(loss, logging_output, log_attentions, hints, pointer_lambda
     return loss
 
 
-def check_pointer_options(pointer_lambda, pointer_heads):
+def check_pointer_options(pointer_lambda, pointer_heads, task=None):
+    """The pointer options, and that ``task`` gives the batches hints: under a task without them (--task translation)
+    the pointer loss would never be computed and the run would train a plain Transformer without a word."""
     if not math.isfinite(pointer_lambda) or pointer_lambda < 0:
         raise InputError(f"--pointer-lambda must be a finite number >= 0, got {pointer_lambda}")
     if str(pointer_heads) not in POINTER_HEADS:
         raise InputError(f"--pointer-heads: unknown choice {pointer_heads!r}; choose one of {', '.join(POINTER_HEADS)}")
+    from ..models.task_fit import task_name
+    from ..tasks.syntax_hints import LanguageModelingSyntaxHintsTask, TranslationSyntaxHintsTask
+
+    if task is not None and pointer_lambda > 0 and not isinstance(
+            task, (TranslationSyntaxHintsTask, LanguageModelingSyntaxHintsTask)):
+        raise InputError(f"--criterion with a pointer loss needs the syntax hints of --task translation_syntax_hints "
+                         f"or language_modeling_syntax_hints (files from bet-syntax-hints); --task {task_name(task)} "
+                         "has none")
 
 
 @register_criterion("label_smoothed_cross_entropy_with_pointer", dataclass=LabelSmoothedCrossEntropyWithPointerConfig)
@@ -144,7 +154,7 @@ class LabelSmoothedCrossEntropyWithPointerCriterion(LabelSmoothedCrossEntropyCri
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0, report_accuracy=False,
                  pointer_lambda=POINTER_DEFAULT["pointer_lambda"], pointer_heads=POINTER_DEFAULT["pointer_heads"]):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        check_pointer_options(pointer_lambda, pointer_heads)
+        check_pointer_options(pointer_lambda, pointer_heads, task)
         self.pointer_lambda = pointer_lambda
         self.pointer_heads = str(pointer_heads)
         self._warned = False

@@ -13,6 +13,7 @@ from .decoder import VariantTransformerDecoder
 from .defaults import translation_defaults
 from .encoder import VariantTransformerEncoder
 from .options import AttentionConfig, add_attention_args, upgrade_legacy_options
+from .task_fit import check_task_fits, load_checked
 
 # The attention that build_model resolved for the model being built: fairseq's build_model calls
 # build_encoder and build_decoder itself, with nothing but the configuration.
@@ -33,6 +34,7 @@ class VariantTransformerModel(TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         upgrade_legacy_options(args)
+        check_task_fits(args, task, "mt")
         translation_defaults(args)
         # once per model, failing on bad options before anything is built
         token = _BEING_BUILT.set(resolve_attention(args, args.decoder_attention_heads, TRANSLATION_SITES))
@@ -40,6 +42,11 @@ class VariantTransformerModel(TransformerModel):
             return super().build_model(args, task)
         finally:
             _BEING_BUILT.reset(token)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        # a clear line instead of torch's "size mismatch" / "Missing key(s)" over a screen of parameter names
+        load = super().load_state_dict
+        return load_checked(self, lambda state: load(state, strict, model_cfg, args), state_dict)
 
     @classmethod
     def _attention_being_built(cls, args):

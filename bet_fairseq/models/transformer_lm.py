@@ -11,6 +11,7 @@ from ..attention import LM_SITES, resolve_attention
 from .decoder import VariantTransformerDecoder
 from .defaults import lm_defaults
 from .options import AttentionConfig, LegacyAttentionConfig, upgrade_legacy_options
+from .task_fit import check_task_fits, load_checked
 from ..errors import InputError
 
 VariantLanguageModelConfig = dataclasses.make_dataclass(
@@ -25,6 +26,7 @@ class VariantTransformerLanguageModel(TransformerLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         upgrade_legacy_options(args)
+        check_task_fits(args, task, "lm")
         if safe_getattr(args, "self_attn_mode", None) is None:
             args.self_attn_mode = cls.default_mode
         lm_defaults(args)
@@ -40,6 +42,11 @@ class VariantTransformerLanguageModel(TransformerLanguageModel):
         embed_tokens = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
         return cls(VariantTransformerDecoder(args, task.target_dictionary, embed_tokens, no_encoder_attn=True,
                                              attention=attention))
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        # a clear line instead of torch's "size mismatch" / "Missing key(s)" over a screen of parameter names
+        load = super().load_state_dict
+        return load_checked(self, lambda state: load(state, strict, model_cfg, args), state_dict)
 
 
 @register_model("baseline_transformer_lm", dataclass=VariantLanguageModelConfig)

@@ -48,6 +48,7 @@ from ..compat import register_help
 from ..tasks.truncated_bptt import TruncatedBPTTLanguageModelingTask
 from .. import catalog
 from .defaults import apply_lm_size, fill
+from .task_fit import check_task_fits
 from ..errors import InputError
 
 
@@ -215,6 +216,7 @@ class TransformerXLDecoder(FairseqIncrementalDecoder):
 class TransformerXLLanguageModel(FairseqLanguageModel):
     @classmethod
     def build_model(cls, args, task):
+        check_task_fits(args, task, "lm")
         validate_txl(args)
         decoder = TransformerXLDecoder(args, task.target_dictionary)
         if args.mem_len > 0 and not isinstance(task, TruncatedBPTTLanguageModelingTask):

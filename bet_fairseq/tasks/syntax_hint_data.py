@@ -31,6 +31,10 @@ class SyntaxHintError(InputError):
     """A hint file that does not match the data it should annotate."""
 
 
+class MissingHintFile(SyntaxHintError, FileNotFoundError):
+    """A split's hint file is not there (one line at the top of fairseq-train, like every SyntaxHintError)."""
+
+
 def load_hint_file(prefix: str, required: bool):
     """The mmap dataset at ``prefix``; None if absent and not required, else a clear error.
     A truncated or mismatched .bin/.idx pair is refused here (``check_hint_file_bytes``), not when the
@@ -38,7 +42,7 @@ def load_hint_file(prefix: str, required: bool):
     if not MMapIndexedDataset.exists(prefix):
         if not required:
             return None
-        raise FileNotFoundError(
+        raise MissingHintFile(
             f"syntax-hint file not found: {prefix}.bin / {prefix}.idx (make it with "
             f"bet-syntax-hints from the BPE-segmented target text of this split)"
         )

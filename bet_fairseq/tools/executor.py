@@ -27,10 +27,32 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from bet_fairseq import catalog, recipes
 from bet_fairseq.catalog import Flags
+from bet_fairseq.errors import ToolError
 
 
-class RunFailed(RuntimeError):
-    """A fairseq run that exited non-zero or produced no result; the message names its log."""
+class RunFailed(ToolError, RuntimeError):
+    """A fairseq run that exited non-zero or produced no result; the message names its log and quotes its last
+    line (one line at the top of a command, ``errors.run_tool``: exit status 1, or 2 when fairseq itself
+    refused its arguments)."""
+
+    def __init__(self, message, exit_status=1):
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+def failed(tool, rc, log):
+    """The RunFailed of ``tool`` that exited with ``rc``: its log's last line says why (fairseq's usage error, the
+    plugin's one line, or the last line of a traceback)."""
+    last = ""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.strip() and not line.startswith("# "):
+                    last = line.strip()
+    except OSError:
+        pass
+    why = f": {last[:300]}" if last else ""
+    return RunFailed(f"{tool} failed (exit {rc}{why}); see {log}", exit_status=2 if rc == 2 else 1)
 
 
 TOOLS = {"fairseq-train": "fairseq_cli.train", "fairseq-generate": "fairseq_cli.generate",
@@ -309,7 +331,7 @@ def train(job: Job, in_process: bool = False, echo: bool = False) -> Dict[str, o
     resumed = os.path.exists(os.path.join(job.save_dir, "checkpoint_last.pt"))
     rc, wall, cpu = execute(job.commands()[0], log, in_process, echo)
     if rc != 0:
-        raise RunFailed(f"fairseq-train failed (exit {rc}); see {log}")
+        raise failed("fairseq-train", rc, log)
     return {"train_wall_s": round(wall, 1), "train_cpu_s": None if cpu is None else round(cpu, 1),
             "resumed": resumed, "num_updates": last_num_updates(log)}
 
@@ -325,7 +347,7 @@ def evaluate(job: Job, in_process: bool = False, echo: bool = False) -> Dict[str
     with open(log, encoding="utf-8", errors="replace") as f:
         text = f.read()
     if rc != 0:
-        raise RunFailed(f"{job.eval_tool} failed (exit {rc}); see {log}")
+        raise failed(job.eval_tool, rc, log)
     result = scores(text, job.dataset)
     if result["value"] is None:
         raise RunFailed(f"no {job.dataset.metric} in {log}")

@@ -43,7 +43,7 @@ def test_an_option_error_under_fairseq_train_is_one_line_and_status_2(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--arch", "bet_sf_iwslt", "--self-attn-layers", "9-12"], "--self-attn-layers: '9-12' is outside"),
-    (["--arch", "bet_sg_iwslt", "--criterion", "label_smoothed_cross_entropy_with_pointer", "--pointer-lambda",
+    (["--arch", "vanilla_iwslt", "--criterion", "label_smoothed_cross_entropy_with_pointer", "--pointer-lambda",
       "nan"], "--pointer-lambda must be a finite number >= 0, got nan"),
     (["--arch", "diag_scale_iwslt", "--diag-scale", "-1"], "--diag-scale must be a finite number >= 0"),
     (["--arch", "bet_sf_iwslt", "--diag-scale", "0.5"], "--diag-scale 0.5 only applies to --self-attn-mode diag_scale"),

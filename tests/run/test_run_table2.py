@@ -291,26 +291,21 @@ def test_clear_errors(tmp_path, iwslt_bin, monkeypatch, capsys):
     fake = dataclasses.replace(catalog.row("hopfield"), key="no_such_arch")  # named no_such_arch_iwslt, unregistered
     monkeypatch.setitem(catalog.ROWS, "no_such_arch", fake)
     args = ["--dataset", "iwslt14_de_en", "--data", iwslt_bin, "--save-dir", str(tmp_path / "s")]
-    with pytest.raises(SystemExit):
-        runner.main(["--row", "no_such_arch", *args])
+    assert runner.main(["--row", "no_such_arch", *args]) == 2
     assert "not available: architecture 'no_such_arch_iwslt' is not registered" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        runner.main(["--row", "transformer_xl", *args])
+    assert runner.main(["--row", "transformer_xl", *args]) == 2
     assert "has no iwslt14_de_en entry" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        runner.main(["--row", "bet_sg", *args])
+    assert runner.main(["--row", "bet_sg", *args]) == 2
     assert re.search(r"needs syntax hints: .*train\.hints\.en\.bin is missing; make them with bet-syntax-hints",
                      capsys.readouterr().err)
-    with pytest.raises(SystemExit):  # the architecture of the BET(SG) row runs that row, which needs hints
-        runner.main(["--row", "bet_sf", "--arch", "bet_sg_iwslt", *args, "--dry-run"])
+    # the architecture of the BET(SG) row runs that row, which needs hints
+    assert runner.main(["--row", "bet_sf", "--arch", "bet_sg_iwslt", *args, "--dry-run"]) == 2
     assert "row bet_sg needs syntax hints" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        runner.main(["--row", "bet_sf", "--dataset", "iwslt14_de_en", "--data", str(tmp_path), "--save-dir", "x"])
+    assert runner.main(["--row", "bet_sf", "--dataset", "iwslt14_de_en", "--data", str(tmp_path), "--save-dir", "x"]) == 2
     assert "not a binarised iwslt14_de_en folder" in capsys.readouterr().err
     (tmp_path / "a_file").write_text("")
-    with pytest.raises(SystemExit):  # found before any training
-        runner.main(["--row", "bet_sf", "--dataset", "iwslt14_de_en", "--data", iwslt_bin, "--save-dir",
-                     str(tmp_path / "a_file" / "save")])
+    assert runner.main(["--row", "bet_sf", "--dataset", "iwslt14_de_en", "--data", iwslt_bin, "--save-dir",
+                        str(tmp_path / "a_file" / "save")]) == 2  # found before any training
     assert "--save-dir" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "s")
 

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+from bet_fairseq.errors import InputError, run_tool
 from bet_fairseq.files import atomic_write
 from .attention_stats import CA_ROWS, HA_OVER, markdown_report, matrix_titles
 
@@ -184,7 +185,7 @@ def _samples(loaded, args):
         return [(f"{args.split} sentence {i}", sample_from_index(loaded, args.split, i)) for i in args.indices]
     lines = read_text_lines(args.text)
     if not lines:
-        raise ValueError(f"{args.text}: no sentences")
+        raise InputError(f"{args.text}: no sentences")
     return [(f"{os.path.basename(args.text)} line {n}", sample_from_text(loaded, line, f"{args.text}:{n}"))
             for n, line in enumerate(lines, 1) if line.strip()]
 
@@ -194,12 +195,12 @@ def cmd_topk(args):
     from .topk import sentence_attention, topk_markdown
 
     if len(args.checkpoints) > 2:
-        raise ValueError("topk compares at most two checkpoints")
+        raise InputError("topk compares at most two checkpoints")
     labels = args.labels or [_short(c) for c in args.checkpoints]
     if len(labels) != len(args.checkpoints):
-        raise ValueError(f"--labels: {len(labels)} names for {len(args.checkpoints)} checkpoints")
+        raise InputError(f"--labels: {len(labels)} names for {len(args.checkpoints)} checkpoints")
     if args.k < 1:
-        raise ValueError("--k must be >= 1")
+        raise InputError("--k must be >= 1")
     per_model = []
     for ckpt in args.checkpoints:
         loaded = load_checkpoint(ckpt, args.data, args.overrides, args.cpu)
@@ -229,12 +230,12 @@ def _parse_heads(text, heads_total):
         try:
             h = int(item)
         except ValueError:
-            raise ValueError(f"--heads: expected 'all', 'mean' or head numbers, got {item!r}") from None
+            raise InputError(f"--heads: expected 'all', 'mean' or head numbers, got {item!r}") from None
         if not 0 <= h < heads_total:
-            raise ValueError(f"--heads: head {h} out of range 0..{heads_total - 1}")
+            raise InputError(f"--heads: head {h} out of range 0..{heads_total - 1}")
         heads.append(h)
     if not heads and not mean:
-        raise ValueError("--heads: nothing to draw")
+        raise InputError("--heads: nothing to draw")
     return heads, mean
 
 
@@ -256,17 +257,17 @@ def cmd_heatmap(args):
     else:
         lines = read_text_lines(args.text)
         if not 1 <= args.line <= len(lines):
-            raise ValueError(f"--line {args.line}: {args.text} has {len(lines)} lines")
+            raise InputError(f"--line {args.line}: {args.text} has {len(lines)} lines")
         sample = sample_from_text(loaded, lines[args.line - 1], f"{args.text}:{args.line}")
         what = f"{os.path.basename(args.text)}:{args.line}"
     att = sentence_attention(loaded, sample)
     layers = att["first_pass"] if args.matrix == "first_pass" else att["final"]
     if layers is None:
-        raise ValueError(f"{args.checkpoint}: no first-pass matrix (not a BET(SF) model); use --matrix final")
+        raise InputError(f"{args.checkpoint}: no first-pass matrix (not a BET(SF) model); use --matrix final")
     chosen = args.layers or list(range(1, len(layers) + 1))
     for layer in chosen:
         if not 1 <= layer <= len(layers):
-            raise ValueError(f"--layers: layer {layer} out of range 1..{len(layers)}")
+            raise InputError(f"--layers: layer {layer} out of range 1..{len(layers)}")
     heads_total = layers[0].size(0)
     heads, mean = _parse_heads(args.heads, heads_total)
     tag = "A (first pass)" if args.matrix == "first_pass" else "attention"
@@ -286,26 +287,26 @@ def cmd_bars(args):
     from .plots import ca_ha_bars
 
     if len(args.stats) > 2:
-        raise ValueError("bars draws one or two stats files")
+        raise InputError("bars draws one or two stats files")
     labels = args.labels or [os.path.splitext(os.path.basename(p))[0] for p in args.stats]
     if len(labels) != len(args.stats):
-        raise ValueError(f"--labels: {len(labels)} names for {len(args.stats)} stats files")
+        raise InputError(f"--labels: {len(labels)} names for {len(args.stats)} stats files")
     matrices = args.matrix * len(args.stats) if len(args.matrix) == 1 else args.matrix
     if len(matrices) != len(args.stats):
-        raise ValueError(f"--matrix: {len(args.matrix)} names for {len(args.stats)} stats files")
+        raise InputError(f"--matrix: {len(args.matrix)} names for {len(args.stats)} stats files")
     series = []
     for path, label, matrix in zip(args.stats, labels, matrices):
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"stats file not found: {path}")
+            raise InputError(f"stats file not found: {path}")
         with open(path, encoding="utf-8") as f:
             try:
                 result = json.load(f)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: not a bet-analyze stats JSON file ({e})") from None
+                raise InputError(f"{path}: not a bet-analyze stats JSON file ({e})") from None
         if "matrices" not in result:
-            raise ValueError(f"{path}: not a bet-analyze stats JSON file (no 'matrices')")
+            raise InputError(f"{path}: not a bet-analyze stats JSON file (no 'matrices')")
         if matrix not in result["matrices"]:
-            raise ValueError(f"{path}: has no {matrix!r} matrix (only {sorted(result['matrices'])})")
+            raise InputError(f"{path}: has no {matrix!r} matrix (only {sorted(result['matrices'])})")
         series.append((label, result["matrices"][matrix]))
     ca_ha_bars(series, args.out, args.title)
     print(args.out)
@@ -327,17 +328,15 @@ def check_outputs(args):
 
 
 def main(argv=None):
-    from bet_fairseq.quiet import quiet_third_party
+    """``bet-analyze``: the exit status (bad input: one line, status 2)."""
+    return run_tool("bet-analyze", _main, argv)
 
-    quiet_third_party()  # fairseq's data loader asks for pinned memory even without an accelerator, ...
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        check_outputs(args)
-        COMMANDS[args.command](args)
-    except (FileNotFoundError, ValueError) as e:
-        parser.exit(2, f"bet-analyze {args.command}: error: {e}\n")
+
+def _main(argv=None):
+    args = build_parser().parse_args(argv)
+    check_outputs(args)
+    COMMANDS[args.command](args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

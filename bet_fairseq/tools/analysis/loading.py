@@ -6,6 +6,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from bet_fairseq.errors import InputError
+
 
 @dataclass
 class LoadedCheckpoint:
@@ -44,12 +46,16 @@ def load_checkpoint(path: str, data: str, overrides: Optional[Dict[str, Any]] = 
 
     bet_fairseq.register()  # the models and tasks, and the patches that make checkpoints loadable
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+        raise InputError(f"checkpoint not found: {path}")
     if not os.path.isdir(data):
-        raise FileNotFoundError(f"data directory not found: {data}")
+        raise InputError(f"data directory not found: {data}")
     arg_overrides = dict(overrides or {})
     arg_overrides["data"] = data
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=arg_overrides)
+    try:
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=arg_overrides)
+    except FileNotFoundError as exc:  # the checkpoint's task reads a file the data folder lacks (dict.txt ...)
+        raise InputError(f"--data {data}: no {os.path.basename(exc.filename or str(exc))}, which the checkpoint's task "
+                         "needs: give the data folder the checkpoint was trained with") from None
     model = models[0]
     device = torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu")
     model.to(device).eval()
@@ -64,7 +70,7 @@ def load_split(loaded: LoadedCheckpoint, split: str):
     try:
         task.load_dataset(split)
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"split {split!r} not found in {getattr(task.cfg, 'data', '?')}: {e}") from e
+        raise InputError(f"split {split!r} not found in {getattr(task.cfg, 'data', '?')}: {e}") from e
     return task.dataset(split)
 
 
@@ -93,13 +99,13 @@ def split_batches(loaded: LoadedCheckpoint, split: str, max_tokens: Optional[int
 def sample_from_index(loaded: LoadedCheckpoint, split: str, index: int) -> Dict:
     dataset = load_split(loaded, split)
     if not 0 <= index < len(dataset):
-        raise ValueError(f"sentence index {index} out of range: split {split!r} has {len(dataset)} sentences")
+        raise InputError(f"sentence index {index} out of range: split {split!r} has {len(dataset)} sentences")
     return dataset.collater([dataset[index]])
 
 
 def read_text_lines(path: str) -> List[str]:
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"text file not found: {path}")
+        raise InputError(f"text file not found: {path}")
     with open(path, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
 
@@ -112,7 +118,7 @@ def sample_from_text(loaded: LoadedCheckpoint, line: str, where: str = "") -> Di
     if loaded.is_translation:
         fields = line.split("\t")
         if len(fields) != 2 or not fields[0].strip() or not fields[1].strip():
-            raise ValueError(f"{where}: a translation model needs 'source<TAB>target', got {line!r}")
+            raise InputError(f"{where}: a translation model needs 'source<TAB>target', got {line!r}")
         src = task.source_dictionary.encode_line(fields[0], add_if_not_exist=False, append_eos=True).long()
         tgt = tgt_dict.encode_line(fields[1], add_if_not_exist=False, append_eos=True).long()
         prev = torch.cat([tgt.new([tgt_dict.eos()]), tgt[:-1]])
@@ -120,7 +126,7 @@ def sample_from_text(loaded: LoadedCheckpoint, line: str, where: str = "") -> Di
                      "prev_output_tokens": prev.unsqueeze(0)}
     else:
         if not line.strip():
-            raise ValueError(f"{where}: empty sentence")
+            raise InputError(f"{where}: empty sentence")
         tgt = tgt_dict.encode_line(line, add_if_not_exist=False, append_eos=True).long()
         src = torch.cat([tgt.new([tgt_dict.eos()]), tgt[:-1]])
         if getattr(task.cfg, "add_bos_token", False):

@@ -4,6 +4,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from bet_fairseq.errors import InputError
 from bet_fairseq.attention.capture import capture_attention
 from .attention_stats import decoder_input_tokens, move_to, right_padded, run_teacher_forced
 
@@ -76,7 +77,7 @@ def head_view(matrix: torch.Tensor, head: Optional[int]) -> torch.Tensor:
     if head is None:
         return matrix.mean(dim=0)
     if not 0 <= head < matrix.size(0):
-        raise ValueError(f"--head {head}: the model has {matrix.size(0)} heads (0..{matrix.size(0) - 1})")
+        raise InputError(f"--head {head}: the model has {matrix.size(0)} heads (0..{matrix.size(0) - 1})")
     return matrix[head]
 
 
@@ -104,7 +105,7 @@ def topk_markdown(title: str, attentions: List[Dict], labels: List[str], k: int 
     first = attentions[0]
     for other, label in zip(attentions[1:], labels[1:]):
         if other["input"] != first["input"]:
-            raise ValueError(f"{label}: the sentence is tokenised differently than for {labels[0]} "
+            raise InputError(f"{label}: the sentence is tokenised differently than for {labels[0]} "
                              "(different dictionaries?); top-k tables cannot be put side by side")
     pieces = first["input"]
     targets = first["target"] or pieces[1:] + ["</s>"]
@@ -112,12 +113,12 @@ def topk_markdown(title: str, attentions: List[Dict], labels: List[str], k: int 
     rows = range(n) if positions is None else positions
     for p in rows:
         if not 0 <= p < n:
-            raise ValueError(f"position {p} out of range: the sentence has {n} decoder positions (0..{n - 1})")
+            raise InputError(f"position {p} out of range: the sentence has {n} decoder positions (0..{n - 1})")
     mats = []
     for att, label in zip(attentions, labels):
         layers = att["first_pass"] if matrix == "first_pass" else att["final"]
         if layers is None:
-            raise ValueError(f"{label}: no first-pass matrix (not a BET(SF) model); use --matrix final")
+            raise InputError(f"{label}: no first-pass matrix (not a BET(SF) model); use --matrix final")
         mats.append([head_view(m, head) for m in layers])
     num_layers = max(len(m) for m in mats)
     target_words = bpe_words(targets, marker)

@@ -15,20 +15,18 @@ output in SAVE_DIR/eval.log.
 
 import argparse
 import datetime
+import json
 import os
+import re
 import shlex
 import sys
 
 from bet_fairseq import catalog, recipes
-from bet_fairseq.errors import InputError, check_writable_folder
+from bet_fairseq.errors import InputError, check_writable_folder, run_tool
 from bet_fairseq.tools import executor, markers
 
-
-class RowError(SystemExit):
-    def __init__(self, message, code=2):
-        super().__init__(code)
-        self.message = message
-        print(f"error: {message}", file=sys.stderr)
+INTERRUPTED = ("interrupted; fairseq-train keeps SAVE_DIR/checkpoint_last.pt: run the same command again to resume "
+               "from it")
 
 
 def availability(row, dataset, arch=None):
@@ -58,7 +56,7 @@ def availability(row, dataset, arch=None):
 def check_data(row, dataset, data):
     ds = catalog.dataset(dataset)
     if not os.path.isdir(data):
-        raise RowError(f"--data {data} is not a folder; make it with: {ds.prepare}")
+        raise InputError(f"--data {data} is not a folder; make it with: {ds.prepare}")
     if ds.kind == "mt":
         need = [f"dict.{ds.source}.txt", f"dict.{ds.target}.txt", f"train.{ds.source}-{ds.target}.{ds.source}.idx",
                 f"test.{ds.source}-{ds.target}.{ds.target}.idx"]
@@ -66,12 +64,13 @@ def check_data(row, dataset, data):
         need = ["dict.txt", "train.idx", "test.idx"]
     missing = [n for n in need if not os.path.exists(os.path.join(data, n))]
     if missing:
-        raise RowError(f"{data} is not a binarised {dataset} folder (missing {missing[0]}); make it with: {ds.prepare}")
+        raise InputError(f"--data {data} is not a binarised {dataset} folder (missing {missing[0]}); make it with: "
+                         f"{ds.prepare}")
     if row.needs_syntax_hints:
         hint = f"train.hints.{ds.target}.bin" if ds.kind == "mt" else "train.hints.bin"
         if not os.path.exists(os.path.join(data, hint)):
             lang = f" --lang {ds.target}" if ds.kind == "mt" else ""
-            raise RowError(f"row {row.key} needs syntax hints: {os.path.join(data, hint)} is missing; make them with "
+            raise InputError(f"row {row.key} needs syntax hints: {os.path.join(data, hint)} is missing; make them with "
                            f"bet-syntax-hints --trainpref TEXT/train --validpref TEXT/valid{lang} --destdir {data} "
                            "(TEXT: the BPE text folder the data was binarised from)")
 
@@ -181,6 +180,45 @@ def from_script(parser, args):
     raise SystemExit(2)
 
 
+def trained_arch(save_dir):
+    """The --arch of the last fairseq-train run logged in SAVE_DIR/train.log (the executor writes each command as a
+    header line), else of SAVE_DIR/result.json; None when neither says."""
+    found = None
+    try:
+        with open(os.path.join(save_dir, "train.log"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                m = re.match(r"# \S+ .*?--arch (\S+)", line)
+                if m:
+                    found = m.group(1)
+    except OSError:
+        pass
+    if found is None:
+        try:
+            with open(os.path.join(save_dir, "result.json"), encoding="utf-8") as f:
+                recorded = json.load(f)
+        except (OSError, ValueError):
+            recorded = None
+        found = recorded.get("arch") if isinstance(recorded, dict) else None
+    return found
+
+
+def check_save_dir(save_dir, arch, force):
+    """SAVE_DIR holds no run of another architecture: fairseq-train would try to resume its checkpoint_last.pt (and
+    fail), and the new result.json would replace the other run's."""
+    if not os.path.isdir(save_dir):
+        return
+    other = trained_arch(save_dir)
+    if other is None or other == arch:
+        return
+    if os.path.exists(os.path.join(save_dir, "checkpoint_last.pt")):
+        raise InputError(f"--save-dir {save_dir} holds a run of --arch {other} (checkpoint_last.pt, which "
+                         f"fairseq-train would resume into {arch}): choose another --save-dir, or move its checkpoints "
+                         "away")
+    if os.path.exists(os.path.join(save_dir, "result.json")) and not force:
+        raise InputError(f"--save-dir {save_dir} holds the result.json of --arch {other}, which this run of {arch} "
+                         "would replace: choose another --save-dir, or add --force")
+
+
 def list_rows(dataset=None):
     for r in catalog.table2_rows():
         for d in catalog.table2_datasets():
@@ -193,26 +231,26 @@ def run_row(args):
     try:
         row = catalog.row(args.row)
     except KeyError as exc:
-        raise RowError(exc.args[0])
+        raise InputError(f"--row: {exc.args[0]}") from None
     if args.arch:  # another row's architecture on this dataset runs that row (its settings, its result)
         named = catalog.row_of_arch(args.arch)
         row = named if named is not None and named.covers(args.dataset) else row
     why = availability(row, args.dataset, args.arch)
     if why:
-        raise RowError(why)
+        raise InputError(why)
     data, save_dir = os.path.abspath(args.data), os.path.abspath(args.save_dir)
     check_data(row, args.dataset, data)
-    try:
-        check_writable_folder(save_dir, "--save-dir")
-    except InputError as exc:
-        raise RowError(str(exc))
+    check_writable_folder(save_dir, "--save-dir")
     result_path = os.path.join(save_dir, "result.json")
     job = row_job(row, args.dataset, data, save_dir, args.quick, args.updates, args.extra, cpu=args.cpu, arch=args.arch)
+    check_save_dir(save_dir, job.arch, args.force)
     train_argv, eval_argv = job.commands()
     if args.dry_run:
         print(shlex.join(train_argv))
         print(shlex.join(eval_argv))
         return None
+    if args.eval_only and not os.path.exists(job.checkpoint_path):
+        raise InputError(f"--eval-only: no {job.checkpoint_path} to evaluate; train it first (drop --eval-only)")
     settings = {"train": shlex.join(train_argv), "eval": shlex.join(eval_argv)}
     if os.path.exists(result_path) and not (args.force or args.eval_only):
         done = markers.read(result_path, settings, say=lambda m: print(m, file=sys.stderr))
@@ -222,12 +260,9 @@ def run_row(args):
     ds = catalog.dataset(args.dataset)
     run = {"in_process": args.in_process, "echo": not args.quiet}
     timing = {"train_wall_s": 0.0}
-    try:
-        if not args.eval_only:
-            timing = executor.train(job, **run)
-        scored = executor.evaluate(job, **run)
-    except executor.RunFailed as exc:
-        raise RowError(str(exc))
+    if not args.eval_only:
+        timing = executor.train(job, **run)
+    scored = executor.evaluate(job, **run)
     train_log, eval_log = os.path.join(save_dir, "train.log"), os.path.join(save_dir, "eval.log")
     extra = ({"sacrebleu_detok": scored["sacrebleu"], "hypotheses": scored["sentences"]} if ds.kind == "mt"
              else {"loss_base2": scored["loss_base2"], "perplexity": scored["ppl"]})
@@ -249,13 +284,19 @@ def run_row(args):
     return result
 
 
-def main(argv=None):
+def run(argv=None):
     args = parse_args(argv)
     if args.list:
         list_rows(args.dataset)
         return 0
     run_row(args)
     return 0
+
+
+def main(argv=None):
+    """``bet-run-row``: the exit status (an error in the user's input: one line, status 2; a fairseq run that
+    failed: one line naming its log, status 1)."""
+    return run_tool("bet-run-row", run, argv, interrupted=INTERRUPTED)
 
 
 if __name__ == "__main__":

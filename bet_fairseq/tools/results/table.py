@@ -10,7 +10,9 @@ import os
 import sys
 
 from bet_fairseq import catalog
+from bet_fairseq.errors import InputError, check_writable_file, check_writable_folder, run_tool
 from bet_fairseq.files import atomic_write
+from bet_fairseq.tools import markers
 
 COLUMNS = [d.key for d in catalog.table2_datasets()]
 
@@ -26,7 +28,7 @@ def find_results(paths):
                 if "result.json" in filenames:
                     found.append(os.path.join(dirpath, "result.json"))
         else:
-            raise SystemExit(f"error: {p} is neither a result.json nor a folder")
+            raise InputError(f"{p}: no such file or folder (give result.json files or folders holding them)")
     return found
 
 
@@ -36,11 +38,16 @@ def load_results(paths):
         with open(path, encoding="utf-8") as f:
             try:
                 r = json.load(f)
-            except json.JSONDecodeError as exc:
-                raise SystemExit(f"error: {path} is not valid JSON ({exc})")
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise InputError(f"{path} is not valid JSON ({exc}): not a bet-run-row result") from None
+        if not isinstance(r, dict):
+            raise InputError(f"{path} holds a JSON {type(r).__name__}, not a bet-run-row result")
         missing = [k for k in ("row", "dataset", "metric", "value") if k not in r]
         if missing:
-            raise SystemExit(f"error: {path} lacks {missing}: not a bet-run-row result")
+            raise InputError(f"{path} lacks {missing}: not a bet-run-row result")
+        if "digest" in r and markers.problem(path):  # results of version 0.2 carry no digest
+            raise InputError(f"{path} was changed after bet-run-row wrote it (its content does not match its digest): "
+                             "run bet-run-row again with --force, or restore the file")
         r["_path"] = path
         results.append(r)
     return results
@@ -128,6 +135,11 @@ def plot(results, plot_dir):
 
 
 def main(argv=None):
+    """``bet-results``: the exit status (bad input: one line, status 2)."""
+    return run_tool("bet-results", _main, argv)
+
+
+def _main(argv=None):
     p = argparse.ArgumentParser(prog="bet-results", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="result.json files or folders searched for them")
@@ -135,18 +147,13 @@ def main(argv=None):
     p.add_argument("--plot-dir", help="also write loss_<dataset>.png curves from the runs' train.log")
     p.add_argument("--only-run-rows", action="store_true", help="leave out rows without any result")
     args = p.parse_args(argv)
-    from bet_fairseq.errors import InputError, check_writable_file, check_writable_folder, one_line
-
-    try:  # before reading every run
-        if args.output:
-            check_writable_file(args.output, "-o")
-        if args.plot_dir:
-            check_writable_folder(args.plot_dir, "--plot-dir")
-    except InputError as exc:
-        p.exit(2, one_line("bet-results", exc) + "\n")
+    if args.output:  # before reading every run
+        check_writable_file(args.output, "-o")
+    if args.plot_dir:
+        check_writable_folder(args.plot_dir, "--plot-dir")
     results = load_results(args.paths)
     if not results:
-        raise SystemExit(f"error: no result.json under {' '.join(args.paths)}")
+        raise InputError(f"no result.json under {' '.join(args.paths)}")
     text = markdown(results, all_rows=not args.only_run_rows)
     if args.output:
         with atomic_write(args.output) as f:

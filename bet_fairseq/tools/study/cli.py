@@ -20,17 +20,15 @@ put back and count as finished.
 """
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import shlex
-import signal
 import sys
-import threading
 import time
 
 from bet_fairseq import catalog
+from bet_fairseq.errors import InputError, check_writable_folder, run_tool
 from bet_fairseq.files import atomic_write
 from . import commands, plan, store
 from .scheduler import Scheduler
@@ -74,17 +72,17 @@ def check_options(args):
     if args.jobs is None:
         args.jobs = min(2, os.cpu_count() or 1) if args.scale == "cpu" and not args.in_process else 1
     if args.scale not in plan.SCALES:
-        raise ValueError(f"--scale {args.scale!r}: one of {', '.join(plan.SCALES)}")
+        raise InputError(f"--scale {args.scale!r}: one of {', '.join(plan.SCALES)}")
     if args.jobs < 1:
-        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        raise InputError(f"--jobs must be >= 1, got {args.jobs}")
     if args.in_process and args.jobs > 1:
-        raise ValueError("--in-process runs one job at a time: drop --jobs or --in-process")
+        raise InputError("--in-process runs one job at a time: drop --jobs or --in-process")
     if args.data_dir and not os.path.isdir(args.data_dir):
-        raise ValueError(f"--data-dir {args.data_dir} is not a folder")
+        raise InputError(f"--data-dir {args.data_dir} is not a folder")
     if args.run and args.scale != "paper":
-        raise ValueError("--run goes with --scale paper (the other scales run without it)")
+        raise InputError("--run goes with --scale paper (the other scales run without it)")
     if args.hours is not None and not (0 < args.hours < math.inf):
-        raise ValueError(f"--hours must be a positive number of hours, got {args.hours}")
+        raise InputError(f"--hours must be a positive number of hours, got {args.hours}")
 
 
 def describe(args, runs, work, out):
@@ -178,39 +176,27 @@ class Datasets:
         return self.bins[dataset]
 
 
-@contextlib.contextmanager
-def terminate_as_interrupt():
-    """``kill PID`` (SIGTERM) stops the study as Ctrl-C does: its fairseq processes are stopped and every marker
-    stays consistent. By default SIGTERM would end this process alone, leaving them training, orphaned, into the
-    folders the next invocation resumes. (A study started in the background ignores Ctrl-C's SIGINT: the shell
-    sets it so.) A handler someone else chose is kept; the previous one is restored on the way out."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def default_out(scale, work):
     return {"cpu": os.path.join("docs", "results"), "paper": os.path.join("docs", "results", "paper")}.get(
         scale, os.path.join(work, "report"))
 
 
-def main(argv=None):
-    from bet_fairseq.quiet import quiet_third_party
+INTERRUPTED = ("interrupted. Finished runs are kept and an unfinished one resumes from its checkpoint_last.pt: run the "
+               "same command again.")
 
-    quiet_third_party()  # fairseq's import-time tensorboardX line and the like, when runs are in process
+
+def main(argv=None):
+    """``bet-reproduce``: the exit status (bad input: one line, status 2; Ctrl-C or ``kill``: one line, status 130,
+    every fairseq process stopped and every marker consistent)."""
+    return run_tool("bet-reproduce", _main, argv, interrupted=INTERRUPTED)
+
+
+def _main(argv=None):
     started = time.time()
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        check_options(args)
-        runs = plan.plan(args.scale, args.only, args.dataset, args.max_seeds, args.part)
-    except ValueError as exc:
-        parser.error(str(exc))
+    check_options(args)
+    runs = plan.plan(args.scale, args.only, args.dataset, args.max_seeds, args.part)
     work = os.path.abspath(args.work_dir or os.path.join("work-dirs", "reproduce", args.scale))
     out = os.path.abspath(args.out or default_out(args.scale, work))
     describe(args, runs, work, out)
@@ -222,14 +208,8 @@ def main(argv=None):
         if args.scale == "paper" and not args.run:
             print("not running: --scale paper runs only with --run (on a GPU machine)")
         return 0
-    from bet_fairseq.errors import InputError, check_writable_folder, one_line
-
-    try:  # now, not after hours of runs
-        check_writable_folder(out, "--out")
-        check_writable_folder(work, "--work-dir")
-    except InputError as exc:
-        print(one_line("bet-reproduce", exc), file=sys.stderr)
-        return 2
+    check_writable_folder(out, "--out")  # now, not after hours of runs
+    check_writable_folder(work, "--work-dir")
     from . import data, report
 
     everything = plan.plan(args.scale)
@@ -238,28 +218,22 @@ def main(argv=None):
         print(f"[archive] {len(restored)} finished runs put back from {store.folder(out)} into {work}", flush=True)
     command = "bet-reproduce " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     failures, deferred = [], []
-    try:
-        with terminate_as_interrupt():
-            if runs and not args.report_only:
-                # every run is looked at, the finished ones too: one whose commands changed (a new default, a larger
-                # --max-update) is done again; the others are skipped at once
-                deadline = None if args.hours is None else started + args.hours * 3600
-                history = [rec for rec in (store.load(work, r) for r in everything) if rec and not store.is_copy(rec)]
-                scheduler = Scheduler(args.scale, work, out, Datasets(args, runs, work), jobs=args.jobs,
-                                      in_process=args.in_process, deadline=deadline, hours=args.hours,
-                                      history=history)
-                failures, deferred = scheduler.run(runs)
-            elif args.data_dir and restored and not os.path.exists(data.raw_references(work)):
-                # runs put back from the archive into a new work folder: the report scores their hypotheses
-                # against the raw test references, which come with the prepared data
-                scored = [r for r in everything if store.done(work, r) and catalog.dataset(r.dataset).kind == "mt"]
-                datasets = Datasets(args, scored, work, hints=False)
-                for dataset in sorted({r.dataset for r in scored}):
-                    datasets.bin_dir(dataset)
-    except KeyboardInterrupt:
-        print("\nbet-reproduce: interrupted. Finished runs are kept and an unfinished one resumes from its "
-              "checkpoint_last.pt: run the same command again.", file=sys.stderr, flush=True)
-        return 130
+    if runs and not args.report_only:
+        # every run is looked at, the finished ones too: one whose commands changed (a new default, a larger
+        # --max-update) is done again; the others are skipped at once
+        deadline = None if args.hours is None else started + args.hours * 3600
+        history = [rec for rec in (store.load(work, r) for r in everything) if rec and not store.is_copy(rec)]
+        scheduler = Scheduler(args.scale, work, out, Datasets(args, runs, work), jobs=args.jobs,
+                              in_process=args.in_process, deadline=deadline, hours=args.hours,
+                              history=history)
+        failures, deferred = scheduler.run(runs)
+    elif args.data_dir and restored and not os.path.exists(data.raw_references(work)):
+        # runs put back from the archive into a new work folder: the report scores their hypotheses
+        # against the raw test references, which come with the prepared data
+        scored = [r for r in everything if store.done(work, r) and catalog.dataset(r.dataset).kind == "mt"]
+        datasets = Datasets(args, scored, work, hints=False)
+        for dataset in sorted({r.dataset for r in scored}):
+            datasets.bin_dir(dataset)
     # the report covers the whole study of the scale, whichever part this invocation ran (and its archive keeps
     # every finished run, those made by an earlier invocation or an older version of this code included)
     for run in everything:

@@ -14,14 +14,13 @@ are downloaded (Multi30k: github multi30k/dataset data/task1/raw; WikiText-2: th
 import os
 import sys
 
+from bet_fairseq.errors import InputError
 from bet_fairseq.files import atomic_write
 from bet_fairseq.tools import markers
 
 
-class DataError(SystemExit):
-    def __init__(self, message):
-        super().__init__(f"bet-reproduce: error: {message}")
-        self.message = message
+class DataError(InputError):
+    """The study's data cannot be prepared from what the user gave (--data-dir): one line, exit status 2."""
 
 
 def _head(src, dst, n):

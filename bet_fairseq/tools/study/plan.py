@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from bet_fairseq import catalog, recipes
+from bet_fairseq.errors import InputError
 from bet_fairseq.recipes import ADAPTIVE_LM as _ADAPTIVE_LM, STUDY_LM, Flags, lm_sizes, merge, mt_sizes
 
 SCALES = ("smoke", "cpu", "paper")
@@ -306,21 +307,21 @@ def plan(scale: str, rows: Optional[List[str]] = None, datasets: Optional[List[s
     first), so that an interrupted part already holds comparisons paired by seed. ``rows`` / ``datasets`` keep
     only those arms; a row that is in no arm gets one on each dataset it covers (the ``row`` seeds)."""
     if scale not in SCALES:
-        raise ValueError(f"--scale {scale!r}: one of {', '.join(SCALES)}")
+        raise InputError(f"--scale {scale!r}: one of {', '.join(SCALES)}")
     for d in datasets or ():
         if d not in catalog.DATASETS:
-            raise ValueError(f"--dataset {d!r}: the study's datasets are {', '.join(DATASETS)} (or any of "
+            raise InputError(f"--dataset {d!r}: the study's datasets are {', '.join(DATASETS)} (or any of "
                              f"{', '.join(catalog.DATASETS)})")
     rows = [catalog.ROW_ALIASES.get(r, r) for r in rows] if rows else None
     for r in rows or ():
         if r not in catalog.ROWS:
-            raise ValueError(f"--only {r!r}: the study's rows are {', '.join(MAIN_ROWS)} (or any of "
+            raise InputError(f"--only {r!r}: the study's rows are {', '.join(MAIN_ROWS)} (or any of "
                              f"{', '.join(catalog.ROWS)})")
     if max_seeds is not None and max_seeds < 1:
-        raise ValueError(f"--max-seeds must be >= 1, got {max_seeds}")
+        raise InputError(f"--max-seeds must be >= 1, got {max_seeds}")
     for part in parts or ():
         if part not in PARTS:
-            raise ValueError(f"--part {part!r}: one of {', '.join(PARTS)}")
+            raise InputError(f"--part {part!r}: one of {', '.join(PARTS)}")
 
     def kept(arm):
         return (rows is None or arm.row in rows) and (datasets is None or arm.dataset in datasets)
@@ -329,7 +330,7 @@ def plan(scale: str, rows: Optional[List[str]] = None, datasets: Optional[List[s
     for r in rows or ():
         if not any(a.row == r and (datasets is None or a.dataset in datasets) for arms in PARTS.values() for a in arms):
             if catalog.row(r).needs:
-                raise ValueError(f"--only {r!r}: the row needs --{catalog.row(r).needs[0].replace('_', '-')}; "
+                raise InputError(f"--only {r!r}: the row needs --{catalog.row(r).needs[0].replace('_', '-')}; "
                                  "the study runs it only at the sweep points of its parts")
             groups.append([Arm(d, r) for d in (datasets or DATASETS) if catalog.dataset(d).kind in catalog.row(r).kinds])
     runs: List[Run] = []
