@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .masks import (COMPUTE, LastMaskMemo, causal_allowed, diagonal_free, masked_softmax,
-                    own_position, rows_without_keys, safe_sdpa)
+                    own_position, rows_without_keys, safe_sdpa, tracing)
 
 
 # ------------------------------------------------------------------------------------ diagonal
@@ -340,7 +340,7 @@ def bet_sf_fused(q: Tensor, k: Tensor, v: Tensor, w: Tensor, allowed: Tensor, ke
         vw, kw = torch.matmul(v, w_h).squeeze(-1), torch.matmul(k, w_k).squeeze(-1)
         return _BetSFCausal.apply(q, k, v, vw, kw, *kernel_masks)
     if (q.device.type != "cpu" and allowed is not None and allowed.size(0) == 1 and q.size(2) == k.size(2)
-            and torch.equal(allowed, causal_allowed(q.size(2), k.size(2), q.device))):
+            and not tracing() and torch.equal(allowed, causal_allowed(q.size(2), k.size(2), q.device))):
         return bet_sf_causal_sdpa(q, k, v, w, keep_diagonal, dropout_p)
     hw = first_pass_value_scores(q, k, torch.matmul(v, w_h), allowed, empty=empty)
     r = bet_key_scores(hw, k, w_k)
