@@ -72,10 +72,12 @@ def shared_causal_allowed(tgt_len: int, src_len: int, device) -> Tensor:
     return causal_allowed(tgt_len, src_len, device)
 
 
-def allowed_keys(attention_mask: Optional[Tensor], tgt_len: int, src_len: int, device) -> Optional[Tensor]:
+def allowed_keys(attention_mask: Optional[Tensor], tgt_len: int, src_len: int, device,
+                 step_shortcut: bool = True) -> Optional[Tensor]:
     """transformers' 4-D mask as the core's boolean ``allowed`` (True: the query sees the key): the sdpa mask is
     boolean already, eager's is additive (0 where visible), None means causal. None for one step that sees
-    every key (the decoding step's fast path; while tracing, only when transformers passed no mask)."""
+    every key (the decoding step's fast path, unless ``step_shortcut`` is False; while tracing, only when
+    transformers passed no mask)."""
     if attention_mask is None:
         if tgt_len == 1:
             return None
@@ -85,7 +87,7 @@ def allowed_keys(attention_mask: Optional[Tensor], tgt_len: int, src_len: int, d
         raise ValueError(f"BET needs a 4-D attention mask (batch, 1, {tgt_len}, {src_len}) as transformers' sdpa "
                          f"and eager masks are, got shape {tuple(attention_mask.shape)}")
     allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-    if tgt_len == 1 and not tracing() and bool(allowed.all()):
+    if tgt_len == 1 and step_shortcut and not tracing() and bool(allowed.all()):
         return None
     return allowed
 
@@ -260,7 +262,7 @@ class BetAttentionMixin:
         if attention_mask is None:
             allowed = (slots <= position[:, None]).view(1, 1, tgt_len, src_len)
         else:
-            allowed = allowed_keys(attention_mask, tgt_len, src_len, q.device)
+            allowed = allowed_keys(attention_mask, tgt_len, src_len, q.device, step_shortcut=False)
         own = slots == position[:, None]  # (T, S): each query's own slot
         kh, vh = repeat_heads(keys, groups), repeat_heads(values[..., :dim], groups)
         if not bet:

@@ -89,7 +89,7 @@ class BetModelMixin:
         """generate's static cache (``cache_implementation="static"``) as a ``BetStaticCache``: the same size, with
         BET's value columns preallocated (transformers' own is built from the stock head size)."""
         stock = super()._prepare_static_cache(*args, **kwargs)
-        cache = BetStaticCache(self.config.get_text_config(decoder=True), stock.max_cache_len,
+        cache = BetStaticCache(self.config.get_text_config(decoder=True), stock.layers[0].max_cache_len,
                                offloading=stock.offloading)
         first = stock.layers[0]
         if first.is_initialized:  # chunked prefill initialises it ahead of time: so does this one
