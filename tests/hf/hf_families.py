@@ -52,7 +52,12 @@ def make_model(family="gpt2", seed=0, attn_implementation=None, **options):
     model_class = bet_class(family)
     torch.manual_seed(seed)
     extra = {} if attn_implementation is None else dict(attn_implementation=attn_implementation)
-    return sharpen(model_class(model_class.config_class(**fields(family), **options, **extra))).eval()
+    return sharpen(model_class(model_class.config_class(**{**fields(family), **options}, **extra))).eval()
+
+
+def one_layer(family: str) -> dict:
+    """The option that makes ``make_model`` build one layer (tracing costs grow with the layers)."""
+    return dict(n_layer=1) if family == "gpt2" else dict(num_hidden_layers=1)
 
 
 def attention_modules(model):
