@@ -73,6 +73,8 @@ class BetModelMixin:
         super().__init__(config)
         for parent, name in self.attention_slots():
             setattr(parent, name, self.bet_attention_class(config, getattr(parent, name).layer_idx))
+        if self.loss_type is None:  # GPT2LMHeadModel: transformers' name match misses it and warns in the forward,
+            self.loss_type = "ForCausalLM"  # which a first call under torch.compile(fullgraph=True) cannot trace
         self.post_init()  # initialises only the new modules: the stock ones are marked initialised
 
     def initialize_weights(self):
