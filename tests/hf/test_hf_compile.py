@@ -128,3 +128,22 @@ def test_inductor_generate_with_the_static_cache_gives_the_dynamic_caches_tokens
     model = make_model(family)
     compiled_generation(model, "inductor")
     compiled_generation(model, "inductor", num_beams=3, num_return_sequences=2)
+
+
+def test_while_tracing_the_masks_take_no_branch_on_data_and_no_memo(monkeypatch):
+    """What the traced paths rely on, seen without a compiler: ``rows_without_keys`` hands back its tensor even when
+    no row is empty (no ``bool()`` of data), and ``LastMaskMemo`` calls its function every time (no memory address
+    read); outside tracing the memo still remembers, which keeps the eager CPU path's speed."""
+    from bet_fairseq.core import masks
+
+    calls = []
+    memo = masks.LastMaskMemo(lambda mask: calls.append(1) or mask.sum())
+    causal = masks.causal_allowed(4, 4)
+    assert masks.rows_without_keys(causal) is None
+    memo(causal), memo(causal)
+    assert len(calls) == 1
+    monkeypatch.setattr(masks, "tracing", lambda: True)
+    empty = masks.rows_without_keys(causal)
+    assert empty is not None and not bool(empty.any())
+    memo(causal), memo(causal)
+    assert len(calls) == 3
