@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from transformers import initialization as hf_init
 from transformers.cache_utils import DynamicLayer, StaticCache, StaticLayer
 
-from ..core.functional import bet_key_scores, scale_diagonal, split_bet_w
+from ..core.functional import bet_key_scores, bet_sf_causal_sdpa, scale_diagonal, split_bet_w
 from ..core.incremental import bet_sf_with_state
 from ..core.masks import (causal_allowed, diagonal_free, diagonal_free_step_, masked_softmax, safe_sdpa,
                           tracing)
@@ -223,7 +223,11 @@ class BetAttentionMixin:
         allowed = allowed_keys(attention_mask, tgt_len, k_all.size(2), q.device)
         q = q * self.scaling
         kh, vh = repeat_heads(k_all, groups), repeat_heads(v_all, groups)
-        if bet:
+        if bet and tracing() and attention_mask is None and cache is None and not need_weights:
+            # Compiled, causal, no padding (transformers passes no mask then): the causal form with no mask tensor,
+            # which the eager path reaches on GPUs by comparing the mask with the causal one (a read of data).
+            out, probs = bet_sf_causal_sdpa(q, kh, vh, self.bet_w, self.keep_diagonal, dropout_p), None
+        elif bet:
             out, probs, r, vw = bet_sf_with_state(q, kh, vh, self.bet_w, allowed, self.keep_diagonal, dropout_p,
                                                   past_r, past_vw, need_state=cache is not None,
                                                   need_weights=need_weights)
