@@ -2,6 +2,8 @@
 Gemma with grouped-query heads): the attention against tests/reference.py's float64 math, cached steps and generate()
 (dynamic and static caches) against the full forward, save/load, training, and the refusals."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -21,7 +23,6 @@ from reference import reference_attention  # noqa: E402
 
 # ------------------------------------------------------------------------------- the attention vs the reference
 def options_of(config):
-    from types import SimpleNamespace
     return SimpleNamespace(bet_keep_diagonal=config.bet_keep_diagonal, diag_scale=config.diag_scale)
 
 
@@ -89,7 +90,8 @@ def test_rotary_embeddings_reach_queries_and_keys(family):
 # ------------------------------------------------------------------------------- the cache
 CACHE_CASES = [("gpt2", {}), ("gpt2", dict(bet_keep_diagonal=True)), ("llama", dict(self_attn_mode="diag_free")),
                *((family, {}) for family in LLAMA_SHAPED)]
-CACHE_IDS = [f"{family}-{'-'.join(f'{k}={v}' for k, v in options.items()) or 'bet_sf'}" for family, options in CACHE_CASES]
+CACHE_IDS = [f"{family}-{'-'.join(f'{k}={v}' for k, v in options.items()) or 'bet_sf'}"
+             for family, options in CACHE_CASES]
 
 
 def value_width(model):

@@ -4,8 +4,8 @@ fullgraph=True)`` trains with the eager loss and gradients, ``torch.export.expor
 mode (the fused path) and for a decoding step over the static cache, and a compiled ``generate`` with the static cache
 gives the eager tokens.
 
-Inductor compiles C++ for every graph: on a loaded 2-core CPU that is minutes per family (about 4 for one
-tiny Llama, forward and backward), so the default run compiles with the ``aot_eager`` / ``eager`` backends (Dynamo's
+Inductor compiles C++ for every graph: on a loaded 2-core CPU that takes from under a minute to several minutes
+per family (forward and backward), so the default run compiles with the ``aot_eager`` / ``eager`` backends (Dynamo's
 full-graph capture and AOTAutograd's backward, the parts that refuse a data-dependent branch) for one family, and
 exports every family; ``BET_TEST_COMPILE=1`` runs every family with Inductor as well."""
 
