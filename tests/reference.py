@@ -86,28 +86,37 @@ def sinusoid(distance: int, dim: int) -> List[float]:
 # ------------------------------------------------------------------------------------ the reference
 @torch.no_grad()
 def reference_attention(m, x, mode: str = "vanilla", key_padding_mask=None, memory=None, logit_scale: float = 1.0,
-                        options=None):
+                        options=None, qkv=None):
     """The attention of variant ``mode`` with the weights (and options) of module ``m``.
 
     ``options``: an object with the variant's option fields (default ``m.options``). ``logit_scale``:
-    multiplies the vanilla logits (a toy temperature). Returns a namespace: ``out`` (T, B, E), ``probs``
-    (B, H, T, S) the final weights, ``first`` (B, H, T, S) BET(SF)'s first pass, ``r`` (B, H, S) BET's R.
+    multiplies the vanilla logits (a toy temperature). ``qkv``: the (T, B, H d) queries, keys and values
+    (unscaled) when the caller computes them (a projection with q/k norms); then ``m`` needs only
+    ``out_proj``. Returns a namespace: ``out`` (T, B, E), ``probs`` (B, H, T, S) the final weights, ``first``
+    (B, H, T, S) BET(SF)'s first pass, ``r`` (B, H, S) BET's R.
     """
     options = getattr(m, "options", None) if options is None else options
-    proj = projections(m)
     x = x.double()
     ctx = x if memory is None else torch.cat([memory.double(), x], dim=0)
-    T, B, E = x.shape
+    if qkv is None:
+        proj = projections(m)
+        q_all = linear(x, proj.q)  # (T, B, E), unscaled
+        k_all = linear(ctx, proj.k)
+        # Hopfield's pattern projection Y W_K W_V; everything else X W_V.
+        v_all = linear(k_all, proj.v) if mode == "hopfield" else linear(ctx, proj.v)
+    else:
+        out_weight = m.out_proj.weight.detach().double()
+        out_bias = m.out_proj.bias
+        proj = SimpleNamespace(out=(out_weight, torch.zeros(out_weight.size(0), dtype=torch.double)
+                                    if out_bias is None else out_bias.detach().double()))
+        q_all, k_all, v_all = (t.double() for t in qkv)
+    T, B, E = q_all.shape
     S = ctx.size(0)
     M = S - T
     H = m.num_heads
     d = E // H
     if mode == "bet_sf" and M:
         raise ValueError("the BET(SF) reference takes no memory (R of a memory key needs its first pass)")
-    q_all = linear(x, proj.q)  # (T, B, E), unscaled
-    k_all = linear(ctx, proj.k)
-    # Hopfield's pattern projection Y W_K W_V; everything else X W_V.
-    v_all = linear(k_all, proj.v) if mode == "hopfield" else linear(ctx, proj.v)
     heads = torch.zeros(T, B, E, dtype=torch.double)
     probs = torch.zeros(B, H, T, S, dtype=torch.double)
     first = torch.zeros(B, H, T, S, dtype=torch.double)

@@ -21,9 +21,12 @@ def own_position(tgt_len: int, src_len: int, device=None) -> Tensor:
     )
 
 
-def diagonal_free(allowed: Tensor) -> Tensor:
-    """DiagFreeMask: drop each query's own key, except in a row with no other allowed key (row 0)."""
-    diag = own_position(allowed.size(-2), allowed.size(-1), allowed.device)
+def diagonal_free(allowed: Tensor, diag: Optional[Tensor] = None) -> Tensor:
+    """DiagFreeMask: drop each query's own key, except in a row with no other allowed key (row 0). ``diag``
+    (T, S): True at each query's own key; default ``own_position`` (the queries are the last T keys; a static
+    cache's queries stand elsewhere among its S slots)."""
+    if diag is None:
+        diag = own_position(allowed.size(-2), allowed.size(-1), allowed.device)
     has_history = (allowed & ~diag).any(dim=-1, keepdim=True)
     return allowed & ~(diag & has_history)
 
@@ -36,17 +39,25 @@ def diagonal_free_step_(logits: Tensor) -> Tensor:
     return logits
 
 
+def tracing() -> bool:
+    """True while torch.compile or torch.export traces the code: there a Python branch on a tensor's values (or
+    on its memory address) cannot be taken, so the functions here decide from shapes alone."""
+    return torch.compiler.is_compiling()
+
+
 COMPUTE = object()  # ``empty=COMPUTE`` (the default): find the rows without keys here
 
 
 def rows_without_keys(allowed: Optional[Tensor]) -> Optional[Tensor]:
     """The rows with no allowed key, (..., T, 1), or None when there is none (the usual case: such rows come
     only from left padding). Computed once per forward and handed to the functions below as ``empty``, so
-    that they neither recompute it nor mask rows that need no masking."""
+    that they neither recompute it nor mask rows that need no masking. While tracing (``tracing()``) the tensor
+    itself, whatever it holds: the functions below then mask whichever rows it marks, which costs one
+    elementwise pass and no branch on data."""
     if allowed is None:
         return None
     empty = ~allowed.any(dim=-1, keepdim=True)
-    return empty if bool(empty.any()) else None
+    return empty if tracing() or bool(empty.any()) else None
 
 
 def masked_softmax(logits: Tensor, allowed: Optional[Tensor], dtype=None, empty=COMPUTE) -> Tensor:
@@ -102,7 +113,8 @@ class LastMaskMemo:
     A mask counts as the same when it views the same memory the same way (storage, offset, shape, strides, dtype)
     and has not been written to since (its version counter); the memo holds the mask, so that its memory cannot
     be freed and reused by another tensor while it is remembered. ``extra`` must be hashable. Results are shared
-    between callers: nobody may write into them."""
+    between callers: nobody may write into them. While tracing (``tracing()``) it calls ``fn`` every time: a traced
+    tensor has no memory address to compare, and a compiled graph derives the masks once anyway."""
 
     def __init__(self, fn: Callable):
         self.fn = fn
@@ -118,7 +130,7 @@ class LastMaskMemo:
         self.last = None
 
     def __call__(self, mask: Tensor, *extra):
-        if mask.is_inference():  # no version counter: a write could not be seen
+        if tracing() or mask.is_inference():  # no version counter: a write could not be seen
             return self.fn(mask, *extra)
         key = self.key(mask, extra)
         if self.last is not None and self.last[1] == key:

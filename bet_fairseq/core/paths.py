@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .kernels import KERNEL_MASKS, bet_sf_causal_sdpa, bet_sf_cpu_kernel, bet_sf_folded_sdpa
-from .masks import causal_allowed
+from .masks import causal_allowed, tracing
 
 
 class BetPath(str, enum.Enum):
@@ -42,7 +42,10 @@ def choose_path(q: Tensor, k: Tensor, allowed: Optional[Tensor], keep_diagonal: 
        least, since both passes share one ``Q K^T`` per query range.
     5. ``CAUSAL_SDPA`` on GPUs under the plain causal mask (one mask for the batch, T == S): SDPA's
        ``is_causal`` needs no mask tensor, so memory stays linear in T.
-    6. ``FOLDED_SDPA`` otherwise (padding on GPUs, bfloat16 or attention dropout on CPU, ``allowed=None``).
+    6. ``FOLDED_SDPA`` otherwise (padding on GPUs, bfloat16 or attention dropout on CPU, ``allowed=None``), and
+       while traced (``torch.compile``, ``torch.export``: ``masks.tracing``), where rules 4 and 5 would read the
+       mask's values to decide and a graph cannot branch on data (a caller that knows the mask is the plain
+       causal one, as the Hugging Face integration does, passes ``path=CAUSAL_SDPA`` itself).
 
     Callers: the fairseq variant (``attention/bet_sf.py``), ``bet_sf_with_state`` (``core/incremental.py``: the
     plain-PyTorch module and the Hugging Face integration) and ``bet_sf_fused``. The one-token decoding step
@@ -55,11 +58,11 @@ def choose_path(q: Tensor, k: Tensor, allowed: Optional[Tensor], keep_diagonal: 
     if form != "equations" or allowed is None:
         return BetPath.FOLDED_SDPA
     if cpu:
-        if (dropout_p == 0.0 and q.dtype == torch.float32
+        if (dropout_p == 0.0 and q.dtype == torch.float32 and not tracing()
                 and KERNEL_MASKS(allowed, keep_diagonal, q.size(2), k.size(2)) is not None):
             return BetPath.CPU_KERNEL
         return BetPath.FOLDED_SDPA
-    if (allowed.size(0) == 1 and q.size(2) == k.size(2)
+    if (allowed.size(0) == 1 and q.size(2) == k.size(2) and not tracing()
             and torch.equal(allowed, causal_allowed(q.size(2), k.size(2), q.device))):
         return BetPath.CAUSAL_SDPA
     return BetPath.FOLDED_SDPA

@@ -8,7 +8,12 @@ family computes the stock projections, then calls ``BetAttentionMixin.bet_attend
 The cache: a layer's value tensor in transformers' ``DynamicCache`` holds ``[V | V w_h | R]`` per key-value head,
 ``head_dim + 2 * groups`` columns (``groups`` query heads share a key-value head; their ``V w_h`` and R are columns
 of it), so whatever the cache does along the batch and time (append, beam-search ``reorder_cache``,
-``batch_repeat_interleave``, ``crop``, ``batch_select_indices``) keeps R and ``V w_h`` with their keys.
+``batch_repeat_interleave``, ``crop``, ``batch_select_indices``) keeps R and ``V w_h`` with their keys. The static
+cache (``BetStaticCache``, ``cache_implementation="static"``) preallocates the same columns: its queries stand at
+the layer's ``cumulative_length`` among ``max_cache_len`` slots, the unwritten ones masked out.
+
+Under torch.compile and torch.export (``core.masks.tracing``) nothing here branches on a tensor's values: the masks
+are decided from shapes and flags, and the per-forward mask memo of the eager path is skipped.
 """
 
 import functools
@@ -19,11 +24,13 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 from transformers import initialization as hf_init
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, StaticCache, StaticLayer
 
-from ..core.functional import scale_diagonal
+from ..core.functional import bet_key_scores, scale_diagonal, split_bet_w
+from ..core.kernels import bet_sf_causal_sdpa
 from ..core.incremental import bet_sf_with_state
-from ..core.masks import causal_allowed, diagonal_free, diagonal_free_step_, masked_softmax, safe_sdpa
+from ..core.masks import (causal_allowed, diagonal_free, diagonal_free_step_, masked_softmax, safe_sdpa,
+                          tracing)
 
 SELF_ATTN_MODES = ("bet_sf", "diag_free", "diag_scale")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")  # sdpa: the fused path; eager: A' materialised and returned (attentions)
@@ -66,17 +73,22 @@ def shared_causal_allowed(tgt_len: int, src_len: int, device) -> Tensor:
     return causal_allowed(tgt_len, src_len, device)
 
 
-def allowed_keys(attention_mask: Optional[Tensor], tgt_len: int, src_len: int, device) -> Optional[Tensor]:
+def allowed_keys(attention_mask: Optional[Tensor], tgt_len: int, src_len: int, device,
+                 step_shortcut: bool = True) -> Optional[Tensor]:
     """transformers' 4-D mask as the core's boolean ``allowed`` (True: the query sees the key): the sdpa mask is
     boolean already, eager's is additive (0 where visible), None means causal. None for one step that sees
-    every key (the decoding step's fast path)."""
+    every key (the decoding step's fast path, unless ``step_shortcut`` is False; while tracing, only when
+    transformers passed no mask)."""
     if attention_mask is None:
-        return None if tgt_len == 1 else shared_causal_allowed(tgt_len, src_len, device)
+        if tgt_len == 1:
+            return None
+        return causal_allowed(tgt_len, src_len, device) if tracing() else shared_causal_allowed(tgt_len, src_len,
+                                                                                                 device)
     if attention_mask.dim() != 4 or tuple(attention_mask.shape[-2:]) != (tgt_len, src_len):
         raise ValueError(f"BET needs a 4-D attention mask (batch, 1, {tgt_len}, {src_len}) as transformers' sdpa "
                          f"and eager masks are, got shape {tuple(attention_mask.shape)}")
     allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-    if tgt_len == 1 and bool(allowed.all()):
+    if tgt_len == 1 and step_shortcut and not tracing() and bool(allowed.all()):
         return None
     return allowed
 
@@ -97,6 +109,45 @@ def per_query_head(columns: Tensor) -> Tensor:
 def per_kv_head(x: Tensor, kv_heads: int) -> Tensor:
     """(B, heads, S) -> (B, kv_heads, S, groups), the inverse of ``per_query_head``."""
     return x.unflatten(1, (kv_heads, -1)).permute(0, 1, 3, 2)
+
+
+def extra_value_columns(config) -> int:
+    """The columns BET adds to each cached value row: ``V w_h`` and R of each query head that reads the key-value
+    head (BET(SF)), none for the diagonal ablations."""
+    if config.self_attn_mode != "bet_sf":
+        return 0
+    heads = config.num_attention_heads
+    return 2 * (heads // (getattr(config, "num_key_value_heads", None) or heads))
+
+
+class BetStaticLayer(StaticLayer):
+    """transformers' ``StaticLayer`` whose value buffer has BET's extra columns, ``[V | V w_h | R]``, however it is
+    initialised: lazily by the first update (BET's values carry them) or ahead of time by
+    ``StaticCache.early_initialization`` (which passes the stock head size, as ``torch.export`` recipes and chunked
+    prefill do)."""
+
+    def __init__(self, max_cache_len: int, extra_columns: int = 0, **kwargs):
+        super().__init__(max_cache_len, **kwargs)
+        self.extra_columns = extra_columns
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        shape = (*key_states.shape[:-1], key_states.size(-1) + self.extra_columns)
+        super().lazy_initialization(key_states, value_states.new_zeros(shape))
+
+
+class BetStaticCache(StaticCache):
+    """``StaticCache`` for a BET model: each layer a ``BetStaticLayer``. ``generate(..., cache_implementation=
+    "static")`` builds one (``BetModelMixin._prepare_static_cache``); build it yourself to export a decoding step.
+    Sliding-window or chunked layers are refused (BET needs full causal attention)."""
+
+    def __init__(self, config, max_cache_len: int, **kwargs):
+        super().__init__(config=config, max_cache_len=max_cache_len, **kwargs)
+        for idx, layer in enumerate(self.layers):
+            if type(layer) is not StaticLayer:
+                raise ValueError(f"BetStaticCache: layer {idx} would be a {type(layer).__name__}; BET needs full "
+                                 "causal attention in every layer")
+        extra = extra_value_columns(config)
+        self.layers = [BetStaticLayer(max_cache_len, extra) for _ in self.layers]
 
 
 class BetAttentionMixin:
@@ -122,15 +173,21 @@ class BetAttentionMixin:
             hf_init.uniform_(self.bet_w, -bound, bound)
 
     def cached_layer(self, cache):
-        """This layer's ``DynamicLayer`` in ``cache`` (None before its first update); other layer kinds (static,
-        quantized, sliding-window, offloaded to another layout) would not keep the extra columns: refused."""
+        """This layer's ``DynamicLayer`` (None before its first update) or static layer in ``cache``; other layer
+        kinds (quantized, sliding-window, offloaded to another layout) would not keep the extra columns: refused."""
         if cache is None or len(cache.layers) <= self.layer_idx:
             return None
         layer = cache.layers[self.layer_idx]
+        if type(layer) in (StaticLayer, BetStaticLayer):
+            width = self.bet_head_dim + extra_value_columns(self.config)
+            if layer.is_initialized and layer.values.size(-1) != width:
+                raise ValueError(f"layer {self.layer_idx}'s static cache holds {layer.values.size(-1)} value "
+                                 f"columns, BET needs {width} ([V | V w_h | R]): build it as BetStaticCache")
+            return layer
         if type(layer) is not DynamicLayer:
-            raise ValueError(f"BET keeps R and V w_h in a DynamicCache's layers; this cache's layer "
+            raise ValueError(f"BET keeps R and V w_h in a DynamicCache's or StaticCache's layers; this cache's layer "
                              f"{self.layer_idx} is a {type(layer).__name__} (use cache_implementation='dynamic', "
-                             "the default)")
+                             "the default, or 'static')")
         return layer if layer.get_seq_length() > 0 else None
 
     def bet_attend(self, q: Tensor, k: Tensor, v: Tensor, attention_mask: Optional[Tensor], cache,
@@ -147,6 +204,10 @@ class BetAttentionMixin:
         groups = self.bet_heads // self.bet_kv_heads
         bet = self.self_attn_mode == "bet_sf"
         layer = self.cached_layer(cache)
+        if isinstance(layer, StaticLayer):
+            out, probs = self.static_attend(q * self.scaling, k, v, attention_mask, cache, layer, dropout_p,
+                                            need_weights)
+            return out.transpose(1, 2).reshape(bsz, tgt_len, -1), probs
         past_r = past_vw = None
         if layer is not None:
             past_v = layer.values[..., :dim]
@@ -163,7 +224,11 @@ class BetAttentionMixin:
         allowed = allowed_keys(attention_mask, tgt_len, k_all.size(2), q.device)
         q = q * self.scaling
         kh, vh = repeat_heads(k_all, groups), repeat_heads(v_all, groups)
-        if bet:
+        if bet and tracing() and attention_mask is None and cache is None and not need_weights:
+            # Compiled, causal, no padding (transformers passes no mask then): the causal form with no mask tensor,
+            # which the eager path reaches on GPUs by comparing the mask with the causal one (a read of data).
+            out, probs = bet_sf_causal_sdpa(q, kh, vh, self.bet_w, self.keep_diagonal, dropout_p), None
+        elif bet:
             out, probs, r, vw = bet_sf_with_state(q, kh, vh, self.bet_w, allowed, self.keep_diagonal, dropout_p,
                                                   past_r, past_vw, need_state=cache is not None,
                                                   need_weights=need_weights)
@@ -178,20 +243,63 @@ class BetAttentionMixin:
             cache.update(k, cached_v, self.layer_idx)
         return out.transpose(1, 2).reshape(bsz, tgt_len, -1), probs
 
+    def static_attend(self, q: Tensor, k: Tensor, v: Tensor, attention_mask: Optional[Tensor], cache, layer,
+                      dropout_p: float, need_weights: bool):
+        """``bet_attend`` over a static cache layer: the T new queries (q scaled) stand at positions
+        ``cumulative_length + 0 .. T-1`` among the layer's S = ``max_cache_len`` slots and see the slots the mask
+        allows (transformers' mask covers all S; without one, the slots up to their own). The new keys' values go
+        in with their ``V w_h`` (which needs only V) and R = 0, then R, which needs the first pass over the
+        written keys, replaces that 0. Every shape is fixed by the cache, so a compiled decoding step is one graph."""
+        bsz, _, tgt_len, dim = q.shape
+        groups = self.bet_heads // self.bet_kv_heads
+        position = layer.cumulative_length + torch.arange(tgt_len, device=q.device)  # before the update moves it
+        bet = self.self_attn_mode == "bet_sf"
+        if bet:
+            w_h, w_k = split_bet_w(self.bet_w, dim, q.dtype)
+            vw = torch.matmul(repeat_heads(v, groups), w_h).squeeze(-1)  # (B, heads, T)
+            cached_v = torch.cat([v, per_kv_head(vw, self.bet_kv_heads).to(v.dtype),
+                                  torch.zeros_like(v[..., :groups])], dim=-1)
+        else:
+            cached_v = v
+        keys, values = cache.update(k, cached_v, self.layer_idx)
+        src_len = keys.size(2)
+        slots = torch.arange(src_len, device=q.device)
+        if attention_mask is None:
+            allowed = (slots <= position[:, None]).view(1, 1, tgt_len, src_len)
+        else:
+            allowed = allowed_keys(attention_mask, tgt_len, src_len, q.device, step_shortcut=False)
+        own = slots == position[:, None]  # (T, S): each query's own slot
+        kh, vh = repeat_heads(keys, groups), repeat_heads(values[..., :dim], groups)
+        if not bet:
+            return diagonal_ablation(q, kh, vh, allowed, self.self_attn_mode, self.diag_scale, dropout_p,
+                                     need_weights, own)
+        scores = torch.matmul(q, kh.transpose(-1, -2))
+        first = masked_softmax(scores, allowed, q.dtype)
+        vw_all = per_query_head(values[..., dim:dim + groups]).to(q.dtype)
+        r_new = bet_key_scores(torch.matmul(first, vw_all.unsqueeze(-1)), repeat_heads(k, groups), w_k)
+        r_slots = values[..., dim + groups:]
+        r_slots.index_copy_(2, position, per_kv_head(r_new, self.bet_kv_heads).to(values.dtype))
+        r = per_query_head(r_slots).to(q.dtype)
+        probs = masked_softmax(scores * r.unsqueeze(2), allowed if self.keep_diagonal else diagonal_free(allowed, own),
+                               q.dtype)
+        dropped = nn.functional.dropout(probs, dropout_p) if dropout_p > 0 else probs
+        return torch.matmul(dropped, vh), probs if need_weights else None
+
 
 def diagonal_ablation(q: Tensor, k: Tensor, v: Tensor, allowed: Optional[Tensor], mode: str, scale: Optional[float],
-                      dropout_p: float, need_weights: bool):
+                      dropout_p: float, need_weights: bool, own: Optional[Tensor] = None):
     """Transformer + DiagFreeMask (``diag_free``: SDPA under the mask unless weights are asked for) or the scaled
-    diagonal (``diag_scale``); q comes scaled, the queries are the last T keys. Returns ``(out, weights or None)``."""
+    diagonal (``diag_scale``); q comes scaled. ``own`` (T, S): True at each query's own key (a static cache's);
+    default: the queries are the last T keys. Returns ``(out, weights or None)``."""
     if mode == "diag_free" and not need_weights and allowed is not None:
-        return safe_sdpa(q, k, v, diagonal_free(allowed), dropout_p), None
+        return safe_sdpa(q, k, v, diagonal_free(allowed, own), dropout_p), None
     logits = torch.matmul(q, k.transpose(-1, -2))
     if mode == "diag_scale":
-        logits = scale_diagonal(logits, scale)
+        logits = scale_diagonal(logits, scale) if own is None else torch.where(own, logits * scale, logits)
     elif allowed is None:
         diagonal_free_step_(logits)
     else:
-        allowed = diagonal_free(allowed)
+        allowed = diagonal_free(allowed, own)
     probs = masked_softmax(logits, allowed, q.dtype)
     dropped = nn.functional.dropout(probs, dropout_p) if dropout_p > 0 else probs
     return torch.matmul(dropped, v), probs if need_weights else None
