@@ -96,6 +96,32 @@ def _read_summary(path):
     return found if isinstance(found, dict) else None
 
 
+class Folders(NamedTuple):
+    """Where a preparation writes: ``out`` (--out-dir, which holds the step markers), ``orig`` (downloads),
+    ``tmp`` (intermediate text) and ``bin`` (--bin-dir, default OUT/bin)."""
+    out: str
+    orig: str
+    tmp: str
+    bin: str
+
+
+def folders(args, text_steps: bool = False):
+    """The preparation's ``Folders`` (``tmp`` made when it has ``text_steps``) and its ``Steps``."""
+    out = os.path.abspath(args.out_dir)
+    where = Folders(out, os.path.join(out, "orig"), os.path.join(out, "tmp"),
+                    os.path.abspath(args.bin_dir or os.path.join(out, "bin")))
+    if text_steps:
+        os.makedirs(where.tmp, exist_ok=True)
+    return where, Steps(out, force=args.force)
+
+
+def add_bpe_args(parser, merges: int, source: str):
+    """--bpe-merges (default ``merges``, as ``source`` has it) and --bpe-codes, checked by check_bpe_options."""
+    parser.add_argument("--bpe-merges", type=int, default=merges, help=f"joint BPE merge operations ({source}: "
+                        f"{merges})")
+    parser.add_argument("--bpe-codes", help="use these subword-nmt codes instead of learning them")
+
+
 def check_bpe_options(args):
     """--bpe-merges and --bpe-codes of the translation recipes, checked before any step (subword-nmt itself
     fails later with "invalid line 2 in BPE codes file", naming neither)."""

@@ -16,7 +16,7 @@ import zipfile
 from bet_fairseq.errors import check_at_least
 
 from . import common
-from .common import PrepareError, Steps, log
+from .common import PrepareError, log
 
 # No published SHA-256 found (the unzipped enwik8 is checked for its 100,000,000 bytes): see docs/data_and_runs.md.
 URL = common.Source("http://mattmahoney.net/dc/enwik8.zip")
@@ -96,10 +96,7 @@ def main(argv=None):
         value = getattr(args, option)
         if value is not None and not 0 < value < 1:
             raise PrepareError(f"--{option.replace('_', '-')} must be a fraction between 0 and 1, got {value}")
-    out = os.path.abspath(args.out_dir)
-    orig = os.path.join(out, "orig")
-    bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))
-    steps = Steps(out, force=args.force)
+    (out, orig, _, bin_dir), steps = common.folders(args)
     if args.raw_dir and not os.path.isdir(args.raw_dir):
         raise PrepareError(f"--raw-dir {args.raw_dir} is not a folder")
     path, data = read_input(args, orig)

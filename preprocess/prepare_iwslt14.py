@@ -16,7 +16,7 @@ import shutil
 from . import common
 from bet_fairseq.errors import check_at_least
 
-from .common import PrepareError, Steps, log
+from .common import PrepareError, log
 
 # No published SHA-256 or size found for this archive: a documented gap (docs/data_and_runs.md); the download
 # logs the digest that came.
@@ -84,8 +84,7 @@ def locate_raw(args, orig):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_common_args(p)
-    p.add_argument("--bpe-merges", type=int, default=10000, help="joint BPE merge operations (recipe: 10000)")
-    p.add_argument("--bpe-codes", help="use these subword-nmt codes instead of learning them")
+    common.add_bpe_args(p, 10000, "recipe")
     p.add_argument("--valid-every", type=int, default=23, help="every N-th train pair becomes valid (recipe: 23)")
     return p.parse_args(argv)
 
@@ -95,11 +94,7 @@ def main(argv=None):
     common.check_options(args, "iwslt14_de_en")
     common.check_bpe_options(args)
     check_at_least(args.valid_every, "--valid-every", 2, "number of pairs (every N-th train pair becomes valid)")
-    out = os.path.abspath(args.out_dir)
-    tmp, orig = os.path.join(out, "tmp"), os.path.join(out, "orig")
-    bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))
-    os.makedirs(tmp, exist_ok=True)
-    steps = Steps(out, force=args.force)
+    (out, orig, tmp, bin_dir), steps = common.folders(args, text_steps=True)
     raw = locate_raw(args, orig)
     log(f"IWSLT14 {PAIR} release: {raw}")
 

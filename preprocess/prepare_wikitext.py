@@ -12,7 +12,7 @@ import argparse
 import os
 
 from . import common
-from .common import PrepareError, Steps, log
+from .common import PrepareError, log
 
 # The author's own mirror first; the original S3 bucket (403 since 2024) second, in case it returns. The
 # SHA-256 and sizes are those of the S3 release as recorded by huggingface/datasets
@@ -53,10 +53,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     common.check_options(args, args.dataset)
-    out = os.path.abspath(args.out_dir)
-    orig = os.path.join(out, "orig")
-    bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))
-    steps = Steps(out, force=args.force)
+    (out, orig, _, bin_dir), steps = common.folders(args)
     release = RELEASES[args.dataset]
     if args.raw_dir and not os.path.isdir(args.raw_dir):
         raise PrepareError(f"--raw-dir {args.raw_dir} is not a folder")

@@ -18,7 +18,7 @@ import os
 from bet_fairseq.errors import check_at_least
 
 from . import common
-from .common import PrepareError, Steps, log
+from .common import PrepareError, log
 from .prepare_iwslt14 import xml_segments
 
 SRC, TGT = "en", "de"
@@ -65,8 +65,7 @@ def parse_args(argv=None):
     p.add_argument("--valid", default="newstest2016", help="valid test set name (default newstest2016)")
     p.add_argument("--valid-every", type=int, help="instead hold out every N-th train pair as valid")
     p.add_argument("--test", default="newstest2017", help="test set name (default newstest2017)")
-    p.add_argument("--bpe-merges", type=int, default=25000, help="joint BPE merges (default 25000)")
-    p.add_argument("--bpe-codes", help="use these subword-nmt codes instead of learning them")
+    common.add_bpe_args(p, 25000, "default")
     p.add_argument("--max-len", type=int, default=250, help="clean-corpus maximum length after BPE (250)")
     p.add_argument("--no-size-check", action="store_true", help="accept test sets of any size (custom slices)")
     return p.parse_args(argv)
@@ -78,11 +77,7 @@ def main(argv=None):
     common.check_bpe_options(args)
     check_at_least(args.valid_every, "--valid-every", 2, "number of pairs (every N-th train pair becomes valid)")
     check_at_least(args.max_len, "--max-len", 1, "number of tokens")
-    out = os.path.abspath(args.out_dir)
-    tmp, orig = os.path.join(out, "tmp"), os.path.join(out, "orig")
-    bin_dir = os.path.abspath(args.bin_dir or os.path.join(out, "bin"))
-    os.makedirs(tmp, exist_ok=True)
-    steps = Steps(out, force=args.force)
+    (out, orig, tmp, bin_dir), steps = common.folders(args, text_steps=True)
     if args.raw_dir:
         if not os.path.isdir(args.raw_dir):
             raise PrepareError(f"--raw-dir {args.raw_dir} is not a folder")
