@@ -11,7 +11,7 @@ import os
 
 from bet_fairseq.files import atomic_write
 from bet_fairseq.tools import executor, markers
-from bet_fairseq.tools.executor import RunFailed, stop_all  # noqa: F401  (the scheduler stops and reports with them)
+from bet_fairseq.tools.executor import RunFailed
 from . import commands, derived, machine, plan, store
 
 

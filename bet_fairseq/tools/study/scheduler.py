@@ -17,6 +17,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 from bet_fairseq import catalog
+from bet_fairseq.tools.executor import RunFailed, stop_all
 from . import plan, runs, store
 
 
@@ -67,7 +68,7 @@ class Scheduler:
                         fut.result()
         except BaseException:
             self.stopping = True
-            runs.stop_all()
+            stop_all()
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -144,7 +145,7 @@ class Scheduler:
             return
         try:
             record, skipped = runs.execute(run, self.scale, self.work, bin_dir, in_process=self.in_process)
-        except runs.RunFailed as exc:
+        except RunFailed as exc:
             if self.stopping:
                 return
             self.failures.append(str(exc))
