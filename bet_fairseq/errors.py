@@ -25,7 +25,6 @@ Who turns them into a line (nothing is installed by importing a module):
 Pure Python: imports neither fairseq nor torch.
 """
 
-import contextlib
 import os
 import signal
 import sys
@@ -101,9 +100,10 @@ def install_excepthook():
 
 
 def interrupt_main_process_only():
-    """Ctrl-C raises KeyboardInterrupt in this process only: worker processes forked later (our pools,
-    fairseq-preprocess's) inherit a handler that ignores it, so they print no traceback and the pool
-    never waits on a worker that died; the main process stops them when it unwinds."""
+    """Ctrl-C raises KeyboardInterrupt in this process only: worker processes forked later
+    (fairseq-preprocess's pool) inherit a handler that ignores it, so they print no traceback and the pool
+    never waits on a worker that died; the main process stops them when it unwinds. (Our own pools,
+    ``workers.worker_pool``, spawn their workers with SIGINT ignored.)"""
     main_pid = os.getpid()
 
     def handler(signum, frame):
@@ -113,29 +113,6 @@ def interrupt_main_process_only():
     signal.signal(signal.SIGINT, handler)
     if hasattr(signal, "pthread_sigmask"):  # a mask inherited from the parent (a test runner's) would hold it forever
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
-
-@contextlib.contextmanager
-def worker_pool(processes, initializer, initargs=()):
-    """``multiprocessing.Pool`` that Ctrl-C cannot cut in half while it starts: SIGINT waits (blocked) until the
-    pool exists and its ``with`` block is entered, so the pool is always terminated as the interrupt unwinds. (A
-    pool interrupted inside its constructor was left to the interpreter's exit, whose worker handler forked new
-    workers that failed with tracebacks.) Its workers and threads start with SIGINT blocked: the main process
-    alone sees Ctrl-C."""
-    import multiprocessing
-
-    blocked = hasattr(signal, "pthread_sigmask")
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocked else None
-    try:
-        pool = multiprocessing.Pool(processes, initializer=initializer, initargs=initargs)
-    except BaseException:
-        if blocked:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        raise
-    with pool:
-        if blocked:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a Ctrl-C that came meanwhile is raised here
-        yield pool
 
 
 def run_tool(prog, main, argv=None, interrupted="interrupted; run the same command again to go on"):

@@ -27,9 +27,10 @@ from typing import NamedTuple, Optional
 from tqdm import tqdm
 
 from bet_fairseq import __version__
-from bet_fairseq.errors import InputError, check_at_least, check_writable_folder, run_tool, worker_pool
+from bet_fairseq.errors import InputError, check_at_least, check_writable_folder, run_tool
 from bet_fairseq.files import atomic_path, atomic_write
 from bet_fairseq.tools.markers import Steps, file_digest  # noqa: F401  (the prepare_* commands' steps)
+from bet_fairseq.workers import worker_pool
 
 
 class PrepareError(InputError):

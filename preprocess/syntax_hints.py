@@ -26,15 +26,15 @@ import itertools
 import json
 import logging
 import os
-import signal
 import sys
 import time
 
 import numpy as np
 
-from bet_fairseq.errors import InputError, check_writable_folder, run_tool, worker_pool
+from bet_fairseq.errors import InputError, check_writable_folder, run_tool
 from bet_fairseq.files import atomic_path
 from bet_fairseq.tools import markers
+from bet_fairseq.workers import worker_pool
 
 from .hint_rules import BPE_MARKER, SUBWORD_POLICIES, doc_hints, split_bpe
 
@@ -144,10 +144,9 @@ _worker_job = None
 
 def init_worker(nlp, *settings):
     """Initialiser of each parser worker process: one thread (``use_one_thread``) before the model
-    runs, Ctrl-C left to the main process (which stops the pool), the parser and settings kept."""
+    runs, the parser (pickled from the main process's) and settings kept."""
     global _worker_job
     use_one_thread()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_job = (nlp, *settings)
 
 
@@ -170,7 +169,7 @@ def hints_for_lines(nlp, lines, subword_policy="word", marker=BPE_MARKER, unesca
                     n_process=1, batch_size=256):
     """Yield the hint list of every line (BPE-segmented text), in order.
 
-    ``n_process > 1``: worker processes (``init_worker``), each given ``batch_size`` lines at a time and
+    ``n_process > 1``: spawned worker processes (``init_worker``; ``nlp`` is pickled to each), each given ``batch_size`` lines at a time and
     giving back their hint lists: text in, integers out. (spaCy's own ``nlp.pipe(n_process=...)`` sends
     every Doc to a worker and back as bytes, which costs the main process more than the parse itself.)"""
     settings = (subword_policy, marker, unescape, batch_size)

@@ -5,7 +5,6 @@ thread, answers only these paths and is shut down after the module. Also: the be
 their output folders first and stop on Ctrl-C with one line."""
 
 import hashlib
-import json
 import http.server
 import os
 import signal
@@ -165,45 +164,3 @@ def test_ctrl_c_in_a_prepare_command_is_one_line(tmp_path):
     lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip() and "tokenise" not in line]
     assert status == 130, err[-3000:]
     assert lines == [f"bet-prepare-test: {common.INTERRUPTED}"], err[-3000:]
-
-
-POOL_INTERRUPTED_WHILE_STARTING = """
-import json, multiprocessing, multiprocessing.pool, os, signal
-from bet_fairseq import errors
-
-def sigint_blocked():
-    return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-
-pools = []
-
-class PoolInterruptedWhileStarting(multiprocessing.pool.Pool):
-    def __init__(self, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C comes while the pool starts its workers
-        super().__init__(*args, **kwargs)
-        pools.append(self)
-
-errors.interrupt_main_process_only()
-with errors.worker_pool(1, None) as pool:
-    workers_block_sigint = pool.apply(sigint_blocked)
-multiprocessing.Pool = PoolInterruptedWhileStarting
-try:
-    with errors.worker_pool(2, None):
-        raise SystemExit("the interrupt was not raised")
-except KeyboardInterrupt:
-    pass
-print(json.dumps({"pools": len(pools), "state": pools[0]._state if pools else None,
-                  "workers_alive": [p.is_alive() for p in pools[0]._pool] if pools else None,
-                  "workers_block_sigint": workers_block_sigint}))
-"""
-
-
-def test_ctrl_c_while_a_worker_pool_starts_terminates_the_pool():
-    """Was (1 in ~30 interrupts of a prepare command): the interrupt cut the pool's constructor in half, the pool was
-    left to the interpreter's exit, which forked new workers that died with tracebacks (or hung). Now the interrupt
-    waits until the pool exists, then unwinds its ``with`` block, which terminates it."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, "-c", POOL_INTERRUPTED_WHILE_STARTING], capture_output=True, text=True,
-                          timeout=120, cwd=root, env=dict(os.environ, PYTHONPATH=root))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout) == {"pools": 1, "state": "TERMINATE", "workers_alive": [False, False],
-                                       "workers_block_sigint": True}
