@@ -20,6 +20,7 @@ TORCH = "torch==2.13.0"  # the CPU build this machine's pip finds on local disk
 
 pytestmark = [
     pytest.mark.install_profiles,
+    pytest.mark.timeout(3600),  # two fresh environments installed from scratch: beyond the suite's 10 minutes a test
     pytest.mark.skipif(os.environ.get("BET_TEST_INSTALL_PROFILES") != "1",
                        reason="builds virtual environments (minutes): set BET_TEST_INSTALL_PROFILES=1"),
 ]
