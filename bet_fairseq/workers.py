@@ -6,7 +6,11 @@ Why not ``multiprocessing.Pool`` on Linux's default ``fork``:
 - fork copies a process that may run other threads (an in-process caller's: fairseq's data-loading threads
   that a training run leaves behind, tqdm's monitor, torch's OpenMP pool); a lock one of them held at the
   fork stays held forever in the child. The workers here are *spawned*: a fresh interpreter each, so the
-  initialiser's arguments are pickled (a spaCy pipeline pickles, with its disabled components).
+  initialiser's arguments are pickled and sent down the worker's start-up pipe: keep them small (names,
+  paths; a large object goes through a file). While it writes them the main process holds the pipe's
+  reading end too, so a worker that died before reading them all would leave it blocked for ever.
+  A spawned worker imports the caller's main module: a script that starts a pool runs under
+  ``if __name__ == "__main__":``.
 - ``multiprocessing.Pool`` waits forever for the result of a worker that died (killed, out of memory) and
   restarts a worker whose initialiser fails, forever. ``concurrent.futures`` notices both
   (``BrokenProcessPool``), which becomes a ``WorkerDied`` error here.

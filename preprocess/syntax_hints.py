@@ -26,7 +26,9 @@ import itertools
 import json
 import logging
 import os
+import pickle
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -142,10 +144,12 @@ def _hints_here(nlp, lines, subword_policy, marker, unescape, batch_size):
 _worker_job = None
 
 
-def init_worker(nlp, *settings):
-    """Initialiser of each parser worker process: one thread (``use_one_thread``) before the model
-    runs, the parser (pickled from the main process's) and settings kept."""
+def init_worker(parser_file, *settings):
+    """Initialiser of each parser worker process: the main process's parser, unpickled from
+    ``parser_file``, and the settings kept; one thread (``use_one_thread``) before the model runs."""
     global _worker_job
+    with open(parser_file, "rb") as f:
+        nlp = pickle.load(f)
     use_one_thread()
     _worker_job = (nlp, *settings)
 
@@ -169,16 +173,24 @@ def hints_for_lines(nlp, lines, subword_policy="word", marker=BPE_MARKER, unesca
                     n_process=1, batch_size=256):
     """Yield the hint list of every line (BPE-segmented text), in order.
 
-    ``n_process > 1``: spawned worker processes (``init_worker``; ``nlp`` is pickled to each), each given ``batch_size`` lines at a time and
+    ``n_process > 1``: spawned worker processes (``init_worker``), each given ``batch_size`` lines at a time and
     giving back their hint lists: text in, integers out. (spaCy's own ``nlp.pipe(n_process=...)`` sends
-    every Doc to a worker and back as bytes, which costs the main process more than the parse itself.)"""
+    every Doc to a worker and back as bytes, which costs the main process more than the parse itself.)
+    The workers get ``nlp`` through a pickle in a temporary folder, not through their start-up pipe: a
+    worker that died while reading 16 MB from that pipe would leave the main process blocked writing it.
+    Spawned workers import the caller's main module: a script calling this runs under
+    ``if __name__ == "__main__":``."""
     settings = (subword_policy, marker, unescape, batch_size)
     if n_process == 1:
         yield from _hints_here(nlp, lines, *settings)
         return
-    with worker_pool(n_process, init_worker, (nlp, *settings)) as pool:
-        for rows in pool.imap(_worker_hints, _chunks(lines, batch_size)):
-            yield from rows
+    with tempfile.TemporaryDirectory(prefix="bet-syntax-hints-") as folder:
+        parser_file = os.path.join(folder, "parser.pickle")
+        with open(parser_file, "wb") as f:
+            pickle.dump(nlp, f, protocol=pickle.HIGHEST_PROTOCOL)
+        with worker_pool(n_process, init_worker, (parser_file, *settings)) as pool:
+            for rows in pool.imap(_worker_hints, _chunks(lines, batch_size)):
+                yield from rows
 
 
 # ---------------------------------------------------------------------------------------------

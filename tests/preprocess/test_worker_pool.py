@@ -103,3 +103,17 @@ def test_ctrl_c_while_a_worker_starts_stops_every_worker_at_once():
     assert report["started"] >= 1 and report["alive"] == [False] * report["started"], report
     assert report["seconds"] < 30, report
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_script_without_the_main_guard_gets_an_error_not_a_hang(tmp_path):
+    """A spawned worker imports the caller's main module, which here starts a pool again: Python refuses that in
+    the worker, and the caller gets WorkerDied."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("from bet_fairseq.workers import worker_pool\n"
+                      "with worker_pool(2) as pool:\n"
+                      "    print(list(pool.imap(abs, [-1, -2])))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode != 0
+    assert "if __name__ == '__main__'" in done.stderr  # Python's own advice, from the worker
+    assert "WorkerDied: a worker process ended without its result" in done.stderr
