@@ -29,7 +29,7 @@ import signal
 
 from .errors import ToolError
 
-__all__ = ["WorkerDied", "worker_pool"]
+__all__ = ["WorkerDied", "chunks", "worker_pool"]
 
 
 class WorkerDied(ToolError):
@@ -41,6 +41,12 @@ def _start_worker(initializer, initargs):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
         initializer(*initargs)
+
+
+def chunks(iterable, size):
+    """Lists of ``size`` consecutive items (the last one shorter), read as they are asked for."""
+    items = iter(iterable)
+    return iter(lambda: list(itertools.islice(items, size)), [])
 
 
 def _map_chunk(fn, items):
@@ -76,16 +82,15 @@ class WorkerPool:
         the workers need it, never all at once."""
         from concurrent.futures.process import BrokenProcessPool
 
-        items = iter(iterable)
-        chunks = iter(lambda: list(itertools.islice(items, chunksize)), [])
-        pending = collections.deque(self._submit(fn, chunk) for chunk in itertools.islice(chunks, self._window))
+        tasks = chunks(iterable, chunksize)
+        pending = collections.deque(self._submit(fn, chunk) for chunk in itertools.islice(tasks, self._window))
         while pending:
             try:
                 results = pending.popleft().result()
             except BrokenProcessPool as exc:
                 raise WorkerDied(f"a worker process ended without its result ({exc}); its error, if it had one, "
                                  "is printed above; out of memory? run again with fewer workers") from None
-            for chunk in itertools.islice(chunks, 1):
+            for chunk in itertools.islice(tasks, 1):
                 pending.append(self._submit(fn, chunk))
             yield from results
 

@@ -36,7 +36,7 @@ import numpy as np
 from bet_fairseq.errors import InputError, check_writable_folder, run_tool
 from bet_fairseq.files import atomic_path
 from bet_fairseq.tools import markers
-from bet_fairseq.workers import worker_pool
+from bet_fairseq.workers import chunks, worker_pool
 
 from .hint_rules import BPE_MARKER, SUBWORD_POLICIES, doc_hints, split_bpe
 
@@ -158,17 +158,6 @@ def _worker_hints(lines):
     return list(_hints_here(_worker_job[0], lines, *_worker_job[1:]))
 
 
-def _chunks(lines, size):
-    chunk = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def hints_for_lines(nlp, lines, subword_policy="word", marker=BPE_MARKER, unescape=True,
                     n_process=1, batch_size=256):
     """Yield the hint list of every line (BPE-segmented text), in order.
@@ -189,7 +178,7 @@ def hints_for_lines(nlp, lines, subword_policy="word", marker=BPE_MARKER, unesca
         with open(parser_file, "wb") as f:
             pickle.dump(nlp, f, protocol=pickle.HIGHEST_PROTOCOL)
         with worker_pool(n_process, init_worker, (parser_file, *settings)) as pool:
-            for rows in pool.imap(_worker_hints, _chunks(lines, batch_size)):
+            for rows in pool.imap(_worker_hints, chunks(lines, batch_size)):
                 yield from rows
 
 
